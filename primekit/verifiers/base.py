@@ -1,0 +1,54 @@
+"""The verdict every verifier returns, so that "wrong" and "broken" are never confused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Status = Literal["correct", "incorrect", "error", "timeout"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of checking one response.
+
+    score: the outcome reward in [0, 1] (fraction of tests passed for code; 0/1 otherwise).
+    status: "correct" (score == 1), "incorrect" (checked, not fully right), "error" (the checker
+        or the program failed; `reason` says how) or "timeout" (a time limit was hit).
+    reason: a short human-readable explanation, empty for plain correct/incorrect.
+    """
+
+    score: float
+    status: Status
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.score <= 1.0:
+            raise ValueError(f"Verdict.score must lie in [0, 1], got {self.score}")
+
+    @classmethod
+    def correct(cls) -> Verdict:
+        return cls(1.0, "correct")
+
+    @classmethod
+    def incorrect(cls, score: float = 0.0, reason: str = "") -> Verdict:
+        return cls(score, "incorrect", reason)
+
+    @classmethod
+    def error(cls, reason: str, score: float = 0.0) -> Verdict:
+        return cls(score, "error", reason)
+
+    @classmethod
+    def timeout(cls, reason: str = "time limit exceeded", score: float = 0.0) -> Verdict:
+        return cls(score, "timeout", reason)
+
+
+class Verifier(Protocol):
+    """Grades responses to problems. Never raises to its caller, never blocks past its limit."""
+
+    def verify(self, response: str, problem: Problem) -> Verdict: ...
+
+    def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]: ...
+
+
+from primekit.data.problem import Problem  # noqa: E402  (a dataclass with no imports of ours)
