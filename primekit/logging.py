@@ -1,0 +1,319 @@
+"""Metric sinks (JSONL always, TensorBoard and wandb optional), a progress bar and summary tables.
+
+Only the main rank writes or prints (see `primekit.distributed`); other ranks get silent objects
+with the same methods, so callers never branch on the rank.
+
+`metrics.jsonl` format: one JSON object per line, `{"step": int, "time": unix seconds, <metric>:
+value, ...}`. Non-finite floats, which strict JSON cannot hold, are written as the strings
+"nan", "inf" and "-inf" (so `float(value)` reads them back and any JSON parser accepts the line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as _RichProgress
+from rich.table import Table
+
+from primekit.distributed import is_main
+
+console = Console()
+
+
+def _console() -> Console:
+    return console  # looked up at call time, so replacing `primekit.logging.console` works
+
+
+def _json_value(key: str, value: Any) -> float | int | bool | str:
+    if isinstance(value, bool):
+        return value
+    if hasattr(value, "item") and callable(value.item):  # torch / numpy scalars
+        if getattr(value, "numel", lambda: 1)() != 1:
+            raise ValueError(f"metric {key!r} must be a scalar, got shape {tuple(value.shape)}")
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)  # "nan", "inf", "-inf"
+    raise ValueError(f"metric {key!r} must be a number, got {value!r}")
+
+
+def _trim_partial_line(path: Path) -> None:
+    # A crash mid-write can leave a last line without its newline; appending after it would
+    # glue two records together. Drop the fragment so every line stays one valid JSON object.
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def _drop_steps_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    kept = [
+        line
+        for line in path.read_text().splitlines(keepends=True)
+        if json.loads(line).get("step", -1) <= step
+    ]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
+class MetricLogger:
+    """Write scalar metrics to `run_dir/metrics.jsonl`, TensorBoard and optionally wandb.
+
+    Args:
+        run_dir: the run's directory (created if missing).
+        tensorboard: also write TensorBoard events to `run_dir/tensorboard` when
+            `torch.utils.tensorboard` can be imported; otherwise one line is printed and it is
+            skipped.
+        wandb: keyword arguments for `wandb.init` (e.g. {"project": "primekit"}); None disables
+            wandb. Asking for wandb without it installed is an ImportError.
+        enabled: write anything at all; defaults to `is_main()`.
+        resume_step: when resuming from a checkpoint at this step, drop lines of
+            `metrics.jsonl` with a larger step (written after that checkpoint by the run that
+            crashed), so the file has one line per step.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = True,
+        wandb: dict | None = None,
+        enabled: bool | None = None,
+        resume_step: int | None = None,
+    ) -> None:
+        self.enabled = is_main() if enabled is None else enabled
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file: TextIO | None = None
+        self._tb: Any = None
+        self._wandb_run: Any = None
+        if not self.enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _trim_partial_line(self.path)
+        if resume_step is not None:
+            _drop_steps_after(self.path, resume_step)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                console.print("[dim]tensorboard is not installed; TensorBoard logging is off[/]")
+            else:
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        if wandb is not None:
+            try:
+                import wandb as wandb_lib
+            except ImportError as e:
+                raise ImportError("wandb logging was requested but wandb is not installed") from e
+            self._wandb_run = wandb_lib.init(**{"dir": str(self.run_dir), **wandb})
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record `metrics` (floats, ints or scalar tensors) for `step`; flushed immediately."""
+        if not self.enabled:
+            return
+        if self._file is None:
+            raise ValueError("MetricLogger.log called after close()")
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"step must be an int, got {step!r}")
+        values = {k: _json_value(k, v) for k, v in metrics.items()}
+        for reserved in ("step", "time"):
+            if reserved in values:
+                raise ValueError(f"metric name {reserved!r} is reserved for the record itself")
+        record = {"step": step, "time": round(time.time(), 3), **values}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        numbers = {k: float(v) for k, v in values.items()}  # "nan" -> nan for the other sinks
+        if self._tb is not None:
+            for k, v in numbers.items():
+                self._tb.add_scalar(k, v, global_step=step)
+            self._tb.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(numbers, step=step)
+
+    def close(self) -> None:
+        """Flush and close every sink; safe to call twice."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> MetricLogger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _fmt(value: Any) -> str:
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class Progress:
+    """A progress bar with ETA and a few live metrics; plain lines when not on a terminal.
+
+    On a terminal (main rank) it is a rich bar. Otherwise (CI logs, files, pipes) it prints one
+    compact line every `every` updates and at the end, e.g.
+    `train 40/200 (20%) 1.5s/it eta 4m00s reward/mean=0.42 prm/acc=0.61`. Other ranks print
+    nothing.
+
+    Args:
+        total: number of steps.
+        description: label shown before the bar.
+        enabled: show anything at all; defaults to `is_main()`.
+        every: updates between plain lines; default about 20 lines per run.
+        console: where to draw (default: the module's `console`).
+    """
+
+    def __init__(
+        self,
+        total: int,
+        description: str,
+        enabled: bool | None = None,
+        *,
+        every: int | None = None,
+        console: Console | None = None,
+    ) -> None:
+        if total < 0:
+            raise ValueError(f"total must be >= 0, got {total}")
+        if every is not None and every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.total = total
+        self.description = description
+        self.enabled = is_main() if enabled is None else enabled
+        self.every = every if every is not None else max(1, total // 20)
+        self.console = console if console is not None else _console()
+        self.completed = 0
+        self._shown: dict[str, Any] = {}
+        self._start = time.monotonic()
+        self._last_printed = 0
+        self._bar: _RichProgress | None = None
+        if self.enabled and self.console.is_terminal:
+            self._bar = _RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[shown]}"),
+                console=self.console,
+            )
+            self._task = self._bar.add_task(description, total=total, shown="")
+            self._bar.start()
+
+    def update(self, advance: int = 1, **shown_metrics: Any) -> None:
+        """Advance by `advance` steps and replace the displayed metrics with `shown_metrics`.
+
+        Names with a slash work through a dict: `update(1, **{"reward/mean": 0.4})`.
+        """
+        self.completed += advance
+        if shown_metrics:
+            self._shown = shown_metrics
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in self._shown.items())
+        if self._bar is not None:
+            self._bar.update(self._task, advance=advance, shown=shown)
+        elif self.enabled and (
+            self.completed - self._last_printed >= self.every or self.completed >= self.total
+        ):
+            self._last_printed = self.completed
+            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
+
+    def line(self) -> str:
+        """The compact one-line status printed when not on a terminal."""
+        elapsed = time.monotonic() - self._start
+        rate = elapsed / self.completed if self.completed else math.nan
+        eta = rate * (self.total - self.completed)
+        pct = 100.0 * self.completed / self.total if self.total else 100.0
+        parts = [
+            f"{self.description} {self.completed}/{self.total} ({pct:.0f}%)",
+            f"{rate:.3g}s/it" if self.completed else "?s/it",
+            f"eta {_fmt_duration(eta)}",
+        ]
+        parts += [f"{k}={_fmt(v)}" for k, v in self._shown.items()]
+        return " ".join(parts)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def print_table(
+    title: str,
+    rows: list[dict],
+    *,
+    console: Console | None = None,
+    enabled: bool | None = None,
+) -> None:
+    """Print `rows` as a table whose columns are the union of the rows' keys (first-seen order).
+
+    Floats are shown with 4 significant digits; a key missing from a row is an empty cell.
+    Prints on the main rank only unless `enabled` says otherwise.
+    """
+    if not (is_main() if enabled is None else enabled):
+        return
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(str(c))
+    for row in rows:
+        table.add_row(*(_fmt(row[c]) if c in row else "" for c in columns))
+    (console if console is not None else _console()).print(table)
