@@ -1,17 +1,81 @@
-"""The `primekit` command line."""
+"""The `primekit` command line: sft, train, eval, demo.
+
+Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
+`tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from primekit.config import ConfigError, load_config
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def resolve_config(name: str | None) -> Path | None:
+    if name is None:
+        return None
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = CONFIG_DIR / f"{name}.yaml"
+    if packaged.is_file():
+        return packaged
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"--config: {name!r} is neither a file nor a packaged config {known}")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML file or packaged name (tiny, paper-7b)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides: section.field=value")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="primekit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("sft", help="supervised warm-up; writes an HF checkpoint to sft.out_dir")
+    _add_common(p)
+    p = sub.add_parser("train", help="online RL: PRIME or an outcome-only baseline")
+    _add_common(p)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p = sub.add_parser("eval", help="greedy pass@1, avg@k and pass@k on held-out problems")
+    _add_common(p)
+    p.add_argument("--model", default=None, help="model to evaluate (default: model.policy)")
+    p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
+    p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
+    p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="primekit")
-    parser.add_subparsers(dest="command")
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            from primekit.demo import run_demo
+
+            run_demo(Path(args.run_dir), args.overrides)
+            return 0
+        cfg = load_config(resolve_config(args.config), args.overrides)
+        if args.command == "sft":
+            from primekit.trainer.sft import run_sft
+
+            print(run_sft(cfg))
+        elif args.command == "train":
+            from primekit.trainer.rl import RLTrainer
+
+            RLTrainer(cfg, resume=args.resume).train()
+        elif args.command == "eval":
+            from primekit.logging import print_table
+            from primekit.trainer.eval import evaluate_checkpoint
+
+            metrics = evaluate_checkpoint(cfg, args.model or cfg.model.policy)
+            print_table("evaluation", [metrics])
+    except ConfigError as e:
+        print(f"primekit: configuration error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

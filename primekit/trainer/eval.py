@@ -1,0 +1,115 @@
+"""Evaluation with exactly the training verifier: greedy pass@1, sampled avg@k and unbiased pass@k."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from primekit.data.problem import Problem
+from primekit.rollout.base import SamplingParams
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021, Codex paper, Eq. 1).
+
+    pass@k = 1 - C(n - c, k) / C(n, k); equals 1 when fewer than k samples are wrong.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@torch.no_grad()
+def evaluate(
+    engine,
+    verifier,
+    problems: list[Problem],
+    prompt_ids: list[list[int]],
+    *,
+    k: int,
+    temperature: float,
+    max_new_tokens: int,
+    generator: torch.Generator | None = None,
+    batch_prompts: int = 256,
+) -> dict[str, float]:
+    """Greedy pass@1, plus avg@k and pass@k over k samples per problem when k > 1.
+
+    Metric keys: eval/pass@1_greedy, eval/avg@k, eval/pass@k, eval/response_len,
+    eval/error_rate (verifier errors + timeouts), eval/wall_s.
+    """
+    start = time.perf_counter()
+    metrics: dict[str, float] = {}
+    greedy_scores, lengths, broken = [], [], 0
+    for lo in range(0, len(problems), batch_prompts):
+        chunk = slice(lo, lo + batch_prompts)
+        batch = engine.generate(prompt_ids[chunk], SamplingParams(temperature=0.0,
+                                max_new_tokens=max_new_tokens), generator)
+        verdicts = verifier.verify_batch(batch.responses, problems[chunk])
+        greedy_scores += [v.score for v in verdicts]
+        broken += sum(v.status in ("error", "timeout") for v in verdicts)
+        lengths += batch.response_mask.sum(1).tolist()
+    # pass@1 counts a partial code score as its fraction, as the paper's code reward does.
+    metrics["eval/pass@1_greedy"] = sum(greedy_scores) / len(greedy_scores)
+    metrics["eval/response_len"] = sum(lengths) / len(lengths)
+    total = len(problems)
+    if k > 1:
+        per_problem_correct = []
+        sampled_scores = []
+        step = max(1, batch_prompts // k)
+        for lo in range(0, len(problems), step):
+            chunk_problems = problems[lo : lo + step]
+            repeated = [ids for ids in prompt_ids[lo : lo + step] for _ in range(k)]
+            batch = engine.generate(repeated, SamplingParams(temperature=temperature,
+                                    max_new_tokens=max_new_tokens), generator)
+            verdicts = verifier.verify_batch(batch.responses,
+                                             [p for p in chunk_problems for _ in range(k)])
+            broken += sum(v.status in ("error", "timeout") for v in verdicts)
+            total += len(verdicts)
+            for i in range(len(chunk_problems)):
+                group = verdicts[i * k : (i + 1) * k]
+                sampled_scores += [v.score for v in group]
+                per_problem_correct.append(sum(v.status == "correct" for v in group))
+        metrics[f"eval/avg@{k}"] = sum(sampled_scores) / len(sampled_scores)
+        metrics[f"eval/pass@{k}"] = sum(pass_at_k(k, c, k) for c in per_problem_correct) / len(
+            per_problem_correct
+        )
+    metrics["eval/error_rate"] = broken / total
+    metrics["eval/wall_s"] = time.perf_counter() - start
+    return metrics
+
+
+def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
+    """Load `model_path` and evaluate it on the configured held-out problems (rank-local shard)."""
+    from primekit import distributed as dist
+    from primekit.models.hf import load_model, load_tokenizer
+    from primekit.rollout.hf import HFRolloutEngine
+    from primekit.trainer.common import (
+        check_model_path,
+        encode_prompts,
+        load_splits,
+        model_dtype,
+        resolve_device,
+        set_threads,
+        verifier_task,
+    )
+    from primekit.verifiers import build_verifier
+
+    set_threads(cfg.train.threads)
+    check_model_path(model_path, "model")
+    device = resolve_device(cfg.train.device)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path, dtype=model_dtype(cfg.model.dtype), device=str(device)).eval()
+    _, heldout = load_splits(cfg)
+    heldout = dist.shard(heldout[: cfg.eval.num_problems])
+    engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    gen = torch.Generator().manual_seed(cfg.train.seed + 99991)
+    metrics = evaluate(engine, build_verifier(verifier_task(cfg)), heldout,
+                       encode_prompts(tokenizer, heldout, cfg), k=cfg.eval.k,
+                       temperature=cfg.eval.temperature,
+                       max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                       generator=gen)
+    return dist.reduce_metrics(metrics)
