@@ -1,0 +1,1 @@
+"""Prompt datasets: Problem, the procedural arithmetic task, JSONL/parquet/HF loaders, prompt rendering."""

@@ -1,0 +1,1 @@
+"""Rollouts: the RolloutBatch / RolloutEngine seam (base) and the Hugging Face backend (hf)."""

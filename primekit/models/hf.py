@@ -1,0 +1,134 @@
+"""Loading and saving Hugging Face causal LMs and tokenizers (local directories or hub ids)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
+
+
+def _looks_local(name_or_path: str) -> bool:
+    # Hub ids are "name" or "org/name"; anything else with a path shape is meant to be local.
+    return (
+        os.path.isabs(name_or_path)
+        or name_or_path.startswith((".", "~"))
+        or name_or_path.count("/") > 1
+        or os.path.exists(name_or_path)
+    )
+
+
+def _check_source(name_or_path: str, what: str) -> None:
+    if not isinstance(name_or_path, str | os.PathLike) or not str(name_or_path):
+        raise ValueError(
+            f"{what} name_or_path must be a non-empty path or hub id, got {name_or_path!r}"
+        )
+    path = Path(os.path.expanduser(str(name_or_path)))
+    if _looks_local(str(name_or_path)) and not path.is_dir():
+        raise FileNotFoundError(f"{what} directory not found: {str(name_or_path)!r}")
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """Load any causal LM from a local directory or a hub id, in `dtype`, onto `device`.
+
+    Raises FileNotFoundError naming the path when a local directory is missing, and OSError naming
+    the id when a hub id cannot be fetched (offline, typo, gated).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES} or a torch.dtype, got {dtype!r}")
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    elif isinstance(dtype, torch.dtype):
+        torch_dtype = dtype
+    else:
+        raise ValueError(f"dtype must be a string or torch.dtype, got {dtype!r}")
+    _check_source(name_or_path, "model")
+    source = os.path.expanduser(str(name_or_path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
+    except OSError as err:
+        raise OSError(f"cannot load model {str(name_or_path)!r}: {err}") from err
+    return model.to(device)
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load a tokenizer, with a pad token (falls back to eos) and left padding (for prompts)."""
+    from transformers import AutoTokenizer
+
+    _check_source(name_or_path, "tokenizer")
+    source = os.path.expanduser(str(name_or_path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as err:
+        raise OSError(f"cannot load tokenizer {str(name_or_path)!r}: {err}") from err
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"tokenizer {str(name_or_path)!r} has neither a pad token nor an eos token"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, out_dir: str | Path
+) -> Path:
+    """Save model (safetensors) and tokenizer to out_dir atomically; returns out_dir.
+
+    Everything is written to a sibling temp directory, flushed to disk, then renamed into place.
+    A crash before the rename leaves out_dir as it was (old checkpoint or absent), never
+    half-written. Replacing an existing out_dir takes two renames (old -> sibling backup,
+    temp -> out_dir) because POSIX cannot rename over a non-empty directory; between them out_dir
+    is briefly absent and the complete old copy sits in the `.<name>.old-*` sibling.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _fsync_tree(tmp)
+        if out_dir.exists():
+            backup = out_dir.parent / f".{out_dir.name}.old-{tag}"
+            os.replace(out_dir, backup)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(backup)
+        else:
+            os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

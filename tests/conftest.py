@@ -1,0 +1,18 @@
+"""Shared fixtures. `tiny_model_dir`: the embedded tiny model, built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly built tiny char-level Qwen2 model + tokenizer (random init, seed 0).
+
+    Session-scoped and read-only by convention: copy it (shutil.copytree) before writing into it.
+    """
+    from primekit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")
