@@ -92,7 +92,7 @@ class PRMConfig:
 
 @dataclass
 class AlgorithmConfig:
-    reward_mode: str = "prime"  # "prime" | "outcome"
+    reward_mode: str = "prime"  # "prime" | "outcome" | "orm" | "prm" (explicit reward models)
     estimator: str = "rloo"  # "rloo" | "grpo" | "reinforce" | "ppo" | "prime-value"
     rloo_variant: str = "eq5"  # "eq5" | "reference"
     grpo_scale_by_std: bool = True
@@ -106,6 +106,26 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     kl_kind: str = "k3"
     entropy_coef: float = 0.0
+
+
+@dataclass
+class ExplicitRewardConfig:
+    """Explicit reward models as rewards (Gao et al. 2024), for reward_mode "orm" or "prm".
+
+    The success reward (the verifier's outcome) is always on; the ORM or step-level PRM adds a dense
+    reward, refined by `transform` (Clip: min(r - eta, 0); Delta: r_k - r_{k+1}; see
+    docs/algorithms.md). Gao et al. use dense_coef 1 and success_coef 5 with PPO and KL 0.1.
+    """
+
+    orm: str | None = None  # HF directory of an ORM trained by `primekit train-orm`
+    prm: str | None = None  # HF directory of a step-level PRM trained by `primekit train-prm`
+    transform: str = "none"
+    eta: float = 0.0
+    length_penalty: float = 0.0
+    dense_coef: float = 1.0
+    success_coef: float = 5.0
+    # Steps end at this string (the arithmetic task writes one step per line).
+    step_delimiter: str = "\n"
 
 
 @dataclass
@@ -174,6 +194,7 @@ class Config:
     filter: FilterConfig = field(default_factory=FilterConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    explicit: ExplicitRewardConfig = field(default_factory=ExplicitRewardConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -192,7 +213,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "prm.loss": ("ce", "dpo"),
     "prm.forward": ("single", "double"),
     "prm.reference": ("sft", "rollout"),
-    "algorithm.reward_mode": ("prime", "outcome"),
+    "algorithm.reward_mode": ("prime", "outcome", "orm", "prm"),
+    "explicit.transform": ("none", "clip", "delta", "clip-delta", "normed", "length-norm",
+                           "length-penalty"),
     "algorithm.estimator": ("rloo", "grpo", "reinforce", "ppo", "prime-value"),
     "algorithm.rloo_variant": ("eq5", "reference"),
     "algorithm.reinforce_baseline": ("none", "batch-mean"),
@@ -379,6 +402,14 @@ def validate(cfg: Config) -> None:
                                                   or cfg.rollout.backend != "hf"):
         raise ConfigError("policy.old_logprobs: 'rollout' is exact only with the hf backend at "
                           "temperature 1 and top_p 1; use 'recompute'")
+    if a.reward_mode in ("orm", "prm") and getattr(cfg.explicit, a.reward_mode) is None:
+        raise ConfigError(f"explicit.{a.reward_mode}: reward_mode={a.reward_mode} needs the path "
+                          f"of a trained reward model (primekit train-{a.reward_mode})")
+    if a.reward_mode == "orm" and cfg.explicit.transform != "none":
+        raise ConfigError("explicit.transform: Clip/Delta and the other step transforms apply to a "
+                          "step-level PRM (reward_mode=prm), not to an ORM")
+    if not cfg.explicit.step_delimiter:
+        raise ConfigError("explicit.step_delimiter: must not be empty")
     if cfg.data.source == "file" and not cfg.data.train_path:
         raise ConfigError("data.train_path: required when data.source is 'file'")
     if cfg.data.min_operands < 2 or cfg.data.max_operands < cfg.data.min_operands:
