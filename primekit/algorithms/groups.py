@@ -11,6 +11,7 @@ import torch
 
 __all__ = [
     "group_counts",
+    "group_layout",
     "group_mean",
     "group_std",
     "group_sum",
@@ -77,3 +78,21 @@ def leave_one_out_mean(values: torch.Tensor, group_ids: torch.Tensor) -> torch.T
     _require_size(counts, 2, "a leave-one-out baseline")
     n = counts[inverse].to(values.dtype)
     return (group_sum(values, group_ids) - values) / (n - 1)
+
+
+def group_layout(
+    values: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Slots for a padded per-group layout [G, Kmax] (Kmax = largest group).
+
+    Returns (inverse [N] group index, slot [N] position inside the group, G, Kmax), so that
+    `padded[inverse, slot] = values` builds [G, Kmax] and pairwise work costs N * Kmax, not N^2.
+    """
+    inverse, counts = _index(values, group_ids)
+    n = inverse.shape[0]
+    order = torch.sort(inverse, stable=True).indices  # [N], samples grouped together
+    starts = torch.cumsum(counts, 0) - counts  # [G], first sorted position of each group
+    slot = torch.empty(n, dtype=torch.long, device=inverse.device)
+    slot[order] = torch.arange(n, device=inverse.device) - starts[inverse[order]]
+    kmax = int(counts.max()) if n else 0
+    return inverse, slot, int(counts.shape[0]), kmax

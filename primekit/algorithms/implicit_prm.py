@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from primekit.algorithms.groups import _index
+from primekit.algorithms.groups import _index, group_layout
 from primekit.algorithms.masked import masked_sum
 
 __all__ = [
@@ -114,12 +114,24 @@ def prm_ce_loss(
     return loss, metrics
 
 
-def _ordered_pairs(outcome_rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """[N, N] bool: (i, j) in the same group with r_o(i) > r_o(j) (each differing pair once)."""
+def _pair_layout(
+    sequence_rewards: torch.Tensor, outcome_rewards: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group pair tensors [G, Kmax, Kmax]: margins R_i - R_j and the mask of ordered pairs
+    (i, j) of one group with r_o(i) > r_o(j) (each pair with differing outcomes appears once).
+    Padding slots hold -inf outcomes that never win, and are excluded from the mask.
+    """
     _index(outcome_rewards, group_ids)  # shape / dtype validation
-    same = group_ids[:, None] == group_ids[None, :]  # [N, N]
-    better = outcome_rewards[:, None] > outcome_rewards[None, :]  # [N, N]
-    return same & better
+    inverse, slot, g, kmax = group_layout(outcome_rewards, group_ids)
+    dtype = sequence_rewards.dtype
+    r = torch.zeros(g, kmax, dtype=dtype, device=sequence_rewards.device)
+    r = r.index_put((inverse, slot), sequence_rewards)  # [G, Kmax], differentiable in R
+    o = torch.full((g, kmax), float("-inf"), dtype=torch.float64, device=outcome_rewards.device)
+    o = o.index_put((inverse, slot), outcome_rewards.to(torch.float64))
+    valid = torch.zeros(g, kmax, dtype=torch.bool, device=outcome_rewards.device)
+    valid = valid.index_put((inverse, slot), torch.ones_like(inverse, dtype=torch.bool))
+    pairs = (o[:, :, None] > o[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+    return r[:, :, None] - r[:, None, :], pairs
 
 
 def prm_dpo_loss(
@@ -149,13 +161,12 @@ def prm_dpo_loss(
     seq = implicit_sequence_rewards(token_rewards, response_mask)  # [N]
     y = outcome_rewards.detach().to(seq.dtype)
     _check_outcomes(y, seq.shape[0])
-    pairs = _ordered_pairs(y, group_ids)  # [N, N]
+    margin, pairs = _pair_layout(seq, y, group_ids)  # [G, Kmax, Kmax], R_i - R_j
     n_pairs = int(pairs.sum())
     if n_pairs == 0:
         loss = 0.0 * seq.sum()
     else:
-        margin = seq[:, None] - seq[None, :]  # [N, N], R_i - R_j
-        loss = -(F.logsigmoid(margin) * pairs).sum() / n_pairs
+        loss = -F.logsigmoid(margin[pairs]).sum() / n_pairs
     metrics = {
         "prm/loss": float(loss.detach()),
         "prm/dpo_pairs": float(n_pairs),
@@ -181,8 +192,8 @@ def prm_pairwise_counts(
         (n_correct, n_pairs) float scalars.
     """
     r = sequence_rewards.detach()
-    pairs = _ordered_pairs(outcome_rewards.detach(), group_ids)  # i better than j
-    score = (r[:, None] > r[None, :]).to(r.dtype) + 0.5 * (r[:, None] == r[None, :]).to(r.dtype)
+    margin, pairs = _pair_layout(r, outcome_rewards.detach(), group_ids)  # i better than j
+    score = (margin > 0).to(r.dtype) + 0.5 * (margin == 0).to(r.dtype)
     n_correct = (score * pairs).sum()
     return n_correct, pairs.sum().to(r.dtype)
 

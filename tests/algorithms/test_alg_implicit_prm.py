@@ -158,3 +158,24 @@ def test_absolute_accuracy_hand():
     # predictions R > 0: T, F, F, T; labels o > 0.5: T, F, T, F -> 2 of 4 agree
     assert prm_absolute_accuracy(R, o).item() == pytest.approx(0.5)
     assert prm_absolute_accuracy(R, o, threshold=0.1).item() == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prm_dpo_loss_matches_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 11
+    prm = torch.randn(n, 3, generator=g, dtype=D)
+    ref = torch.randn(n, 3, generator=g, dtype=D)
+    mask = torch.arange(3)[None, :] < torch.randint(1, 4, (n,), generator=g)[:, None]
+    y = torch.randint(0, 3, (n,), generator=g).to(D) / 2
+    gid = torch.randint(0, 3, (n,), generator=g) * 11
+    R = [0.3 * float(((prm[i] - ref[i]) * mask[i]).sum()) for i in range(n)]
+    terms = [
+        -math.log(1 / (1 + math.exp(-(R[i] - R[j]))))
+        for i in range(n)
+        for j in range(n)
+        if gid[i] == gid[j] and y[i] > y[j]
+    ]
+    loss, m = prm_dpo_loss(prm, ref, mask, y, gid, beta=0.3)
+    assert m["prm/dpo_pairs"] == len(terms)
+    assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-10)
