@@ -1,0 +1,139 @@
+"""Dense rewards from a frozen explicit reward model, for RL (Gao et al. 2024, Eq. 2-6).
+
+What the trainer gets from `ExplicitRewarder.token_rewards` is r(q, s_1:t) of Eq. 2, UNSCALED:
+the trainer multiplies it by explicit.dense_coef (alpha, paper: 1) and adds the success reward
+Correct(q, s) times explicit.success_coef (paper: 5).
+
+- ORM (SR+OR, Eq. 3): r_outcome = sigmoid(ORM logit) at the last valid token (EOS included when
+  produced); every other token 0.
+- PRM (SR+PR, Eq. 4): the raw step reward is r_process(q, p^(k)) = sigmoid(PRM logit) at the last
+  token of step k, a probability in [0, 1] as in Gao et al. The step rewards [N, S] go through
+  explicit.transform (algorithms.process_rewards.PROCESS_REWARD_TRANSFORMS) and each lands on its
+  step's last token (`place_step_rewards`).
+  eta (Clip, Eq. 5: min(r_process - eta, 0)) is in the same units, a probability threshold in
+  (0, 1]: steps the PRM rates above eta get 0, the others a penalty of r_process - eta. With eta
+  <= 0 Clip would zero every reward (probabilities are >= 0), so clip and clip-delta require
+  0 < eta <= 1. PR-Normed standardises over the steps of the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place_step_rewards
+from primekit.reward_models.heads import load_reward_model
+from primekit.reward_models.orm import last_token_index, orm_scores
+from primekit.reward_models.prm import prm_step_scores
+from primekit.rollout.base import RolloutBatch
+
+__all__ = ["ExplicitRewarder", "orm_token_rewards", "transform_step_rewards"]
+
+
+def transform_step_rewards(
+    step_probs: torch.Tensor,
+    step_mask: torch.Tensor,
+    transform: str,
+    *,
+    eta: float = 0.0,
+    length_penalty: float = 0.0,
+) -> torch.Tensor:
+    """Gao et al.'s refinement `transform` of raw PRM step rewards. [N, S] -> [N, S].
+
+    transform: a key of PROCESS_REWARD_TRANSFORMS ("none", "clip", "delta", "clip-delta",
+    "length-norm", "length-penalty", "normed"); eta for the clip variants, length_penalty for
+    "length-penalty" (r_k - k * c, k 1-based).
+    """
+    if transform not in PROCESS_REWARD_TRANSFORMS:
+        raise ValueError(
+            f"transform must be one of {sorted(PROCESS_REWARD_TRANSFORMS)}, got {transform!r}"
+        )
+    if transform in ("clip", "clip-delta") and not 0.0 < eta <= 1.0:
+        raise ValueError(
+            f"explicit.eta: Clip needs a threshold in (0, 1] on PRM probabilities, "
+            f"got {eta} (eta <= 0 makes every clipped reward 0)"
+        )
+    fn = PROCESS_REWARD_TRANSFORMS[transform]
+    if transform in ("clip", "clip-delta"):
+        return fn(step_probs, step_mask, eta=eta)
+    if transform == "length-penalty":
+        return fn(step_probs, step_mask, penalty=length_penalty)
+    return fn(step_probs, step_mask)
+
+
+def orm_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The ORM score on the last valid token of each row, 0 elsewhere. [N], [N, T] -> [N, T]."""
+    last = last_token_index(response_mask)
+    out = torch.zeros(response_mask.shape, dtype=scores.dtype)  # [N, T]
+    rows = torch.nonzero(last >= 0).flatten()
+    out[rows, last[rows]] = scores[rows]
+    return out
+
+
+class ExplicitRewarder:
+    """The frozen ORM or step-level PRM of `cfg.algorithm.reward_mode` ("orm" | "prm").
+
+    token_rewards(batch) -> (dense rewards [N, T] on CPU, metrics): see the module docstring.
+    """
+
+    def __init__(self, cfg, tokenizer, device: str | torch.device = "cpu"):
+        mode = cfg.algorithm.reward_mode
+        if mode not in ("orm", "prm"):
+            raise ValueError(
+                f"algorithm.reward_mode: ExplicitRewarder needs 'orm' or 'prm', got {mode!r}"
+            )
+        path = getattr(cfg.explicit, mode)
+        if path is None:
+            raise ValueError(
+                f"explicit.{mode}: reward_mode={mode} needs a trained reward model "
+                f"(primekit train-{mode})"
+            )
+        e = cfg.explicit
+        if mode == "orm" and e.transform != "none":
+            raise ValueError(
+                f"explicit.transform: {e.transform!r} applies to a step-level PRM, not to an ORM"
+            )
+        # Check the transform's parameters now, not at the first RL step.
+        transform_step_rewards(
+            torch.zeros(1, 1),
+            torch.ones(1, 1, dtype=torch.bool),
+            e.transform,
+            eta=e.eta,
+            length_penalty=e.length_penalty,
+        )
+        self.mode, self.tokenizer, self.device = mode, tokenizer, torch.device(device)
+        self.transform, self.eta, self.length_penalty = e.transform, e.eta, e.length_penalty
+        self.delimiter = e.step_delimiter
+        self.micro_batch_size = cfg.policy.micro_batch_size
+        self.model = load_reward_model(
+            path, device=self.device, trust_remote_code=cfg.model.trust_remote_code
+        )
+
+    @torch.no_grad()
+    def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch.response_mask.cpu()
+        kw = {"micro_batch_size": self.micro_batch_size, "device": self.device}
+        if self.mode == "orm":
+            scores = orm_scores(self.model, batch, **kw)  # [N]
+            return orm_token_rewards(scores, mask), {
+                "explicit/orm_score_mean": float(scores.mean()),
+                "explicit/orm_score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            }
+        probs, positions, step_mask = prm_step_scores(
+            self.model, self.tokenizer, batch, delimiter=self.delimiter, **kw
+        )
+        step_rewards = transform_step_rewards(
+            probs, step_mask, self.transform, eta=self.eta, length_penalty=self.length_penalty
+        )  # [N, S]
+        rewards = place_step_rewards(step_rewards, positions, mask.shape[1])  # [N, T]
+        valid = step_mask.bool()
+        metrics = {
+            "explicit/steps_mean": float(valid.sum(1).float().mean()),
+            "explicit/dense_return_mean": float(step_rewards.sum(1).mean()),
+        }
+        if bool(valid.any()):
+            # min over a row's steps: the PRM's verdict on its weakest step
+            weakest = torch.where(valid, probs, torch.ones_like(probs)).min(1).values[valid.any(1)]
+            metrics["explicit/prm_prob_mean"] = float(probs[valid].mean())
+            metrics["explicit/prm_prob_min_mean"] = float(weakest.mean())
+            metrics["explicit/step_reward_mean"] = float(step_rewards[valid].mean())
+        return rewards, metrics

@@ -1,0 +1,140 @@
+"""Reward-hacking diagnostics, logged every RL step for every reward mode.
+
+Gao et al. (Sec. 4.1, Fig. 3) see PRM reward hacking as many short, useless or repeated steps and
+longer responses, while the dense return keeps rising. These metrics watch for exactly that:
+step count, repetition (of whole steps and of n-grams), length, the dense return and whether the
+dense return still tracks success (Pearson correlation per response).
+
+Repeated n-grams: the share of a response's n-grams (n = 4 by default) that already occurred
+earlier in the same response ("rep-n" of Welleck et al. 2019), over word tokens: runs of letters/
+digits/underscore, or any single other non-space character, so "7*2=14" is ["7","*","2","=","14"].
+Characters would make every number a repeat; whitespace words would make a whole arithmetic step
+one word.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from primekit.reward_models.segmentation import steps
+
+__all__ = [
+    "pearson",
+    "repeated_ngram_share",
+    "repeated_step_share",
+    "reward_hacking_metrics",
+    "words",
+]
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def words(text: str) -> list[str]:
+    """Word tokens for n-gram statistics: "7*2=14" -> ["7", "*", "2", "=", "14"]."""
+    return _WORD.findall(text)
+
+
+def repeated_step_share(step_texts: list[str]) -> tuple[int, int]:
+    """(steps equal to an earlier step of the same response, steps), comparing stripped text.
+
+    Whitespace-only steps are compared like any other, so blank-line padding counts as repetition.
+    """
+    seen: set[str] = set()
+    repeats = 0
+    for s in step_texts:
+        key = s.strip()
+        repeats += key in seen
+        seen.add(key)
+    return repeats, len(step_texts)
+
+
+def repeated_ngram_share(text: str, n: int = 4) -> tuple[int, int]:
+    """(n-grams that already occurred earlier in `text`, n-grams in `text`) over `words`."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    w = words(text)
+    seen: set[tuple[str, ...]] = set()
+    repeats = total = 0
+    for i in range(len(w) - n + 1):
+        gram = tuple(w[i : i + n])
+        repeats += gram in seen
+        total += 1
+        seen.add(gram)
+    return repeats, total
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson correlation of two [N] vectors; NaN when N < 2 or either is constant."""
+    x, y = x.double().flatten(), y.double().flatten()
+    if x.shape != y.shape:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must have the same length")
+    if len(x) < 2:
+        return math.nan
+    dx, dy = x - x.mean(), y - y.mean()
+    den = math.sqrt(float((dx * dx).sum()) * float((dy * dy).sum()))
+    # A vector constant up to rounding has a spread ~1e-16 of its scale: treat it as constant.
+    scale = max(float(x.abs().max()), float(y.abs().max()), 1.0)
+    if den <= 1e-12 * scale * scale:
+        return math.nan
+    return float((dx * dy).sum()) / den
+
+
+def reward_hacking_metrics(
+    responses: list[str],
+    *,
+    step_delimiter: str,
+    outcome_rewards: torch.Tensor,
+    token_rewards: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    ngram: int = 4,
+) -> dict[str, float]:
+    """Per-batch reward-hacking diagnostics (keys under "hack/").
+
+    hack/steps_per_response: mean number of steps (segmentation.steps with step_delimiter).
+    hack/repeated_step_share: repeated steps / all steps, pooled over the batch.
+    hack/repeated_ngram_share: repeated word n-grams / all n-grams (n = `ngram`), pooled.
+    hack/response_len_chars: mean response length in characters.
+    hack/response_len_tokens: mean number of valid response tokens (EOS included).
+    hack/dense_return_mean: mean over responses of sum_t token_rewards (unscaled); NaN when
+        token_rewards is None (outcome-only).
+    hack/dense_success_corr: Pearson correlation over responses of the dense return with the
+        outcome reward; NaN when undefined (no dense reward, N < 2, or either is constant).
+    Args:
+        responses: N decoded responses; outcome_rewards: [N]; token_rewards: [N, T] dense rewards
+        (PRIME's implicit rewards, or the explicit RM's, before any coefficient) or None;
+        response_mask: [N, T].
+    """
+    n = len(responses)
+    if outcome_rewards.shape != (n,) or response_mask.dim() != 2 or response_mask.shape[0] != n:
+        raise ValueError(
+            f"need outcome_rewards [{n}] and response_mask [{n}, T] for {n} responses; "
+            f"got {tuple(outcome_rewards.shape)} and {tuple(response_mask.shape)}"
+        )
+    if token_rewards is not None and token_rewards.shape != response_mask.shape:
+        raise ValueError(
+            f"token_rewards {tuple(token_rewards.shape)} must match response_mask "
+            f"{tuple(response_mask.shape)}"
+        )
+    step_lists = [steps(r, step_delimiter) for r in responses]
+    rep_steps = sum(repeated_step_share(s)[0] for s in step_lists)
+    n_steps = sum(len(s) for s in step_lists)
+    grams = [repeated_ngram_share(r, ngram) for r in responses]
+    rep_grams, n_grams = sum(g[0] for g in grams), sum(g[1] for g in grams)
+    mask = response_mask.float().cpu()
+    out = {
+        "hack/steps_per_response": n_steps / n if n else math.nan,
+        "hack/repeated_step_share": rep_steps / n_steps if n_steps else 0.0,
+        "hack/repeated_ngram_share": rep_grams / n_grams if n_grams else 0.0,
+        "hack/response_len_chars": sum(len(r) for r in responses) / n if n else math.nan,
+        "hack/response_len_tokens": float(mask.sum(1).mean()) if n else math.nan,
+        "hack/dense_return_mean": math.nan,
+        "hack/dense_success_corr": math.nan,
+    }
+    if token_rewards is not None and n:
+        dense_return = (token_rewards.detach().float().cpu() * mask).sum(1)  # [N]
+        out["hack/dense_return_mean"] = float(dense_return.mean())
+        out["hack/dense_success_corr"] = pearson(dense_return, outcome_rewards.float().cpu())
+    return out

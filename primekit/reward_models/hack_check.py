@@ -1,0 +1,346 @@
+"""The synthetic repetition check of Gao et al. (Sec. 4.1-4.2, Appendix C), as `primekit hack-check`.
+
+Take correct responses, make variants that (a) repeat a middle step, (b) add nonsense steps before
+the final answer, (c) repeat the last sentence (the answer line), each 1..R times, and compute the
+dense return sum_k r_k every reward design gives to the original and to each variant, from the
+same PRM step probabilities. The paper's finding: plain PR pays more for the padded variants than
+for the original (the RL hack); Clip's returns are never positive and fall with every added weak
+step; Delta's return is r_process of the first step whatever follows (Theorem 1), so repetition
+cannot raise it.
+
+The variants stay correct (the verifier reads the first answer line), so the success reward is the
+same for all of them and is left out of the returns. PR-Normed is left out: it standardises over a
+batch, so a response's return depends on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from primekit.reward_models.dense import transform_step_rewards
+from primekit.reward_models.prm import prm_step_scores
+from primekit.reward_models.segmentation import steps
+from primekit.rollout.base import RolloutBatch
+
+__all__ = [
+    "DESIGNS",
+    "NONSENSE_STEPS",
+    "VARIANTS",
+    "HackCheckResult",
+    "batch_from_texts",
+    "design_returns",
+    "hack_check",
+    "make_variant",
+    "run_hack_check",
+]
+
+VARIANTS = ("repeat-mid", "nonsense", "repeat-last")
+# design name -> PROCESS_REWARD_TRANSFORMS key
+DESIGNS: dict[str, str] = {
+    "PR": "none",
+    "PR-Clip": "clip",
+    "PR-Delta": "delta",
+    "PR-Clip-Delta": "clip-delta",
+    "PR-LenNorm": "length-norm",
+    "PR-LenPenalty": "length-penalty",
+}
+# Short, contentless steps in the spirit of the paper's "Step done." / "Step end." / "Step show.".
+NONSENSE_STEPS = ("done", "ok", "end", "so", "next")
+
+
+def make_variant(
+    text: str,
+    kind: str,
+    repeats: int,
+    *,
+    delimiter: str,
+    separator: str,
+    nonsense: tuple[str, ...] = NONSENSE_STEPS,
+) -> str:
+    """One synthetic variant of a response (steps cut at `delimiter`, new steps end with `separator`).
+
+    "repeat-mid": the middle step before the last one, (K-1)//2 (0-based), appears 1 + repeats times.
+    "nonsense": `repeats` nonsense steps inserted before the last step.
+    "repeat-last": the last step (the answer line) repeated `repeats` more times at the end.
+    repeats = 0 gives the original text.
+    """
+    if kind not in VARIANTS:
+        raise ValueError(f"kind must be one of {VARIANTS}, got {kind!r}")
+    if repeats < 0:
+        raise ValueError(f"repeats must be >= 0, got {repeats}")
+    parts = steps(text, delimiter)
+    if len(parts) < 2:
+        raise ValueError(
+            f"a response needs at least two steps for the variants, got {len(parts)}: {text!r}"
+        )
+    if repeats == 0:
+        return text
+    body, last = parts[:-1], parts[-1]
+    if kind == "repeat-mid":
+        k = (len(parts) - 1) // 2
+        body = body[: k + 1] + [body[k]] * repeats + body[k + 1 :]
+    elif kind == "nonsense":
+        body = body + [nonsense[j % len(nonsense)] + separator for j in range(repeats)]
+    else:
+        closed = last if last.endswith(separator) else last + separator
+        return "".join(body) + closed * repeats + last
+    return "".join(body) + last
+
+
+def batch_from_texts(tokenizer, prompt_ids: list[list[int]], responses: list[str]) -> RolloutBatch:
+    """A RolloutBatch of given responses, each tokenised and closed with EOS (a finished response)."""
+    if len(prompt_ids) != len(responses) or not responses:
+        raise ValueError(
+            f"need one prompt per response and at least one, got {len(prompt_ids)} "
+            f"prompts and {len(responses)} responses"
+        )
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos] for r in responses]
+    n, P, T = len(rows), max(len(p) for p in prompt_ids), max(len(r) for r in rows)
+    prompt = torch.full((n, P), pad, dtype=torch.long)  # [n, P]
+    prompt_mask = torch.zeros((n, P), dtype=torch.long)  # [n, P]
+    resp = torch.full((n, T), pad, dtype=torch.long)  # [n, T]
+    resp_mask = torch.zeros((n, T), dtype=torch.long)  # [n, T]
+    for i, (p, r) in enumerate(zip(prompt_ids, rows)):
+        prompt[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
+        resp[i, : len(r)], resp_mask[i, : len(r)] = torch.tensor(r), 1
+    return RolloutBatch(
+        prompt,
+        prompt_mask,
+        resp,
+        resp_mask,
+        torch.zeros(n, T),
+        torch.ones(n, dtype=torch.bool),
+        list(responses),
+    )
+
+
+def design_returns(
+    step_probs: torch.Tensor, step_mask: torch.Tensor, *, eta: float, length_penalty: float
+) -> dict[str, torch.Tensor]:
+    """Dense return sum_k r_k of every design in DESIGNS from raw PRM step probabilities.
+
+    Args: step_probs [N, S] in [0, 1], step_mask [N, S]. Returns: design -> [N].
+    """
+    return {
+        name: transform_step_rewards(
+            step_probs, step_mask, t, eta=eta, length_penalty=length_penalty
+        ).sum(1)
+        for name, t in DESIGNS.items()
+    }
+
+
+@dataclass
+class HackCheckResult:
+    """rows: one per (variant, repeats), mean return per design over the responses; returns:
+    design -> [V, R+1, N] per-response returns (V variants, repeats 0..R); correct: [V, R+1, N]."""
+
+    rows: list[dict] = field(default_factory=list)
+    returns: dict[str, torch.Tensor] = field(default_factory=dict)
+    correct: torch.Tensor | None = None
+    steps: torch.Tensor | None = None
+
+    def max_gain(self) -> dict[str, float]:
+        """Per design: the largest (variant return - original return) over responses and variants."""
+        return {d: float((r[:, 1:] - r[:, :1]).max()) for d, r in self.returns.items()}
+
+
+def run_hack_check(
+    model,
+    tokenizer,
+    problems,
+    prompt_ids: list[list[int]],
+    responses: list[str],
+    verifier,
+    *,
+    delimiter: str,
+    separator: str,
+    eta: float,
+    length_penalty: float,
+    max_repeats: int = 8,
+    device: str | torch.device = "cpu",
+    micro_batch_size: int = 64,
+) -> HackCheckResult:
+    """Score the originals and all variants with the PRM `model`; see the module docstring."""
+    if max_repeats < 1:
+        raise ValueError(f"max_repeats must be >= 1, got {max_repeats}")
+    n, R, V = len(responses), max_repeats, len(VARIANTS)
+    texts = [
+        make_variant(r, kind, k, delimiter=delimiter, separator=separator)
+        for kind in VARIANTS
+        for k in range(R + 1)
+        for r in responses
+    ]  # [V * (R+1) * n]
+    rows_prompt = [prompt_ids[i] for _ in range(V * (R + 1)) for i in range(n)]
+    rows_problem = [problems[i] for _ in range(V * (R + 1)) for i in range(n)]
+    batch = batch_from_texts(tokenizer, rows_prompt, texts)
+    probs, _, step_mask = prm_step_scores(
+        model,
+        tokenizer,
+        batch,
+        delimiter=delimiter,
+        micro_batch_size=micro_batch_size,
+        device=device,
+    )
+    returns = {
+        d: r.view(V, R + 1, n)
+        for d, r in design_returns(probs, step_mask, eta=eta, length_penalty=length_penalty).items()
+    }
+    correct = torch.tensor([v.score for v in verifier.verify_batch(texts, rows_problem)]).view(
+        V, R + 1, n
+    )
+    n_steps = step_mask.sum(1).float().view(V, R + 1, n)
+    result = HackCheckResult(returns=returns, correct=correct, steps=n_steps)
+    for v, kind in enumerate(VARIANTS):
+        for k in range(R + 1):
+            if k == 0 and v > 0:
+                continue  # the original is the same for every variant kind
+            row = {
+                "variant": "original" if k == 0 else kind,
+                "repeats": k,
+                "steps": float(n_steps[v, k].mean()),
+                "correct": float(correct[v, k].mean()),
+            }
+            row.update({d: float(r[v, k].mean()) for d, r in returns.items()})
+            result.rows.append(row)
+    return result
+
+
+def plot_hack_check(result: HackCheckResult, path: Path) -> Path:
+    """Mean return against repeats, one panel per variant, one line per design (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5 * len(VARIANTS), 4), sharey=True)
+    for v, (ax, kind) in enumerate(zip(axes, VARIANTS)):
+        for design, r in result.returns.items():
+            mean = r[v].mean(-1)  # [R+1]
+            ax.plot(range(len(mean)), mean.tolist(), marker="o", ms=3, label=design)
+        ax.axhline(0.0, color="grey", lw=0.5)
+        ax.set_title(kind)
+        ax.set_xlabel("repeats (0 = original)")
+    axes[0].set_ylabel("mean dense return")
+    axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def hack_check(
+    cfg,
+    *,
+    out_dir: str | Path,
+    prm_path: str | None = None,
+    num_responses: int = 32,
+    max_repeats: int = 8,
+    source: str = "demos",
+    separator: str | None = None,
+    seed: int = 0,
+) -> HackCheckResult:
+    """`primekit hack-check`: print the table, write hack_check.json and hack_check.png.
+
+    Responses: held-out problems' demonstrations (source="demos"), or correct responses sampled
+    from cfg.model.policy (source="sampled", one per problem, first `num_responses` found).
+    The PRM is prm_path or cfg.explicit.prm; eta and the length penalty come from cfg.explicit.
+    """
+    from primekit.logging import print_table
+    from primekit.reward_models.heads import load_reward_model
+    from primekit.trainer.common import encode_prompts, load_splits, resolve_device, verifier_task
+    from primekit.verifiers import build_verifier
+
+    e = cfg.explicit
+    delimiter = e.step_delimiter
+    if separator is None:
+        if delimiter.startswith("re:"):
+            raise ValueError(
+                f"explicit.step_delimiter {delimiter!r} is a pattern: pass --separator, "
+                "the text that ends an inserted step"
+            )
+        separator = delimiter
+    prm_path = prm_path or e.prm
+    if prm_path is None:
+        raise ValueError("hack-check needs a step-level PRM: --prm or explicit.prm")
+    if source not in ("demos", "sampled"):
+        raise ValueError(f"source must be 'demos' or 'sampled', got {source!r}")
+    start = time.perf_counter()
+    device = resolve_device(cfg.train.device)
+    verifier = build_verifier(verifier_task(cfg))
+    if source == "demos":
+        from primekit.models.hf import load_tokenizer
+
+        tokenizer = load_tokenizer(prm_path)
+        problems = [p for p in load_splits(cfg)[1] if p.solution][:num_responses]
+        responses = [p.solution for p in problems]
+    else:
+        from primekit.reward_models.labeling import sample_split, sampling_setup
+
+        setup = sampling_setup(cfg, cfg.model.policy, seed=seed)
+        tokenizer = setup.tokenizer
+        batch, rows, outcome = sample_split(setup, "test", 4 * num_responses, 1)
+        picked = [i for i in range(len(rows)) if outcome[i] >= 1.0][:num_responses]
+        problems, responses = [rows[i] for i in picked], [batch.responses[i] for i in picked]
+        setup.release()
+    responses_ok = [len(steps(r, delimiter)) >= 2 for r in responses]
+    problems = [p for p, ok in zip(problems, responses_ok) if ok]
+    responses = [r for r, ok in zip(responses, responses_ok) if ok]
+    if not responses:
+        raise ValueError(f"hack-check: no correct responses with at least two steps ({source})")
+    model = load_reward_model(prm_path, device=device)
+    result = run_hack_check(
+        model,
+        tokenizer,
+        problems,
+        encode_prompts(tokenizer, problems, cfg),
+        responses,
+        verifier,
+        delimiter=delimiter,
+        separator=separator,
+        eta=e.eta,
+        length_penalty=e.length_penalty,
+        max_repeats=max_repeats,
+        device=device,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print_table(
+        f"hack-check: mean dense return over {len(responses)} correct responses "
+        f"(eta={e.eta}, length_penalty={e.length_penalty})",
+        result.rows,
+    )
+    gains = result.max_gain()
+    print_table(
+        "largest gain of a variant over its original (> 0: the design can be hacked)",
+        [{"design": d, "max_gain": g} for d, g in gains.items()],
+    )
+    (out / "hack_check.json").write_text(
+        json.dumps(
+            {
+                "prm": str(prm_path),
+                "source": source,
+                "responses": len(responses),
+                "eta": e.eta,
+                "length_penalty": e.length_penalty,
+                "rows": result.rows,
+                "max_gain": gains,
+                "examples": {
+                    kind: make_variant(
+                        responses[0], kind, 2, delimiter=delimiter, separator=separator
+                    )
+                    for kind in VARIANTS
+                },
+                "wall_s": time.perf_counter() - start,
+            },
+            indent=2,
+        )
+    )
+    plot_hack_check(result, out / "hack_check.png")
+    print(f"wrote {out / 'hack_check.json'} and {out / 'hack_check.png'}")
+    return result

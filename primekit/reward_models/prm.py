@@ -1,0 +1,242 @@
+"""Step-level process reward model (explicit PRM), trained on Math-Shepherd Monte-Carlo labels.
+
+Gao et al. Sec. 3: L_PRM = E_{q, p^(k), y_k} [ BCE(y_k, r_process(q, p^(k))) ] where p^(k) is the
+response prefix up to step k and y_k its automatic label (labeling.mc_step_labels). The PRM is the
+LM with a scalar head; r_process(q, p^(k)) = sigmoid(logit at the last token of step k), a
+probability in [0, 1] ("the maximum output value of a PRM is 1", Sec. 4.2).
+
+Notation: n responses, t response tokens, S steps per response (left-aligned, -1 padded).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from primekit.config import Config
+from primekit.reward_models.heads import batch_response_logits, fit_reward_model, init_reward_model
+from primekit.reward_models.orm import binary_metrics
+from primekit.reward_models.segmentation import segment_batch, steps
+from primekit.rollout.base import RolloutBatch
+
+__all__ = ["gather_steps", "prm_step_loss", "prm_step_scores", "train_prm"]
+
+
+def gather_steps(token_values: torch.Tensor, step_end_positions: torch.Tensor) -> torch.Tensor:
+    """Values at each step's last token: out[i, k] = x[i, pos[i, k]], 0 where pos = -1. [n, S]."""
+    if token_values.dim() != 2 or step_end_positions.dim() != 2:
+        raise ValueError(
+            f"token_values {tuple(token_values.shape)} must be [n, t] and "
+            f"step_end_positions {tuple(step_end_positions.shape)} [n, S]"
+        )
+    pos = step_end_positions.to(token_values.device).long()
+    if pos.numel() and int(pos.max()) >= token_values.shape[1]:
+        raise ValueError(
+            f"step_end_positions reach {int(pos.max())}, beyond t = {token_values.shape[1]}"
+        )
+    out = token_values.gather(1, pos.clamp(min=0))  # [n, S]
+    return torch.where(pos >= 0, out, torch.zeros_like(out))
+
+
+def prm_step_loss(
+    logits: torch.Tensor,
+    step_end_positions: torch.Tensor,
+    step_mask: torch.Tensor,
+    step_labels: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """BCE of the step-level PRM on step-end tokens (Gao et al. Sec. 3, L_PRM).
+
+    Formula: mean over valid steps (i, k) of BCE(sigmoid(logit[i, pos_ik]), y_ik).
+    Args: logits [n, t], step_end_positions [n, S], step_mask [n, S], step_labels [n, S] in [0, 1].
+    Returns: (loss, {"step_prm/loss", "step_prm/acc"}) with acc at threshold 0.5 against y >= 0.5.
+    """
+    if step_mask.shape != step_end_positions.shape or step_labels.shape != step_mask.shape:
+        raise ValueError(
+            f"step_end_positions {tuple(step_end_positions.shape)}, step_mask "
+            f"{tuple(step_mask.shape)} and step_labels {tuple(step_labels.shape)} "
+            "must all be [n, S]"
+        )
+    z = gather_steps(logits, step_end_positions)  # [n, S]
+    m = step_mask.to(z.device).bool()
+    y = step_labels.to(z)
+    bce = F.binary_cross_entropy_with_logits(z, y, reduction="none")
+    loss = (bce * m).sum() / m.sum().clamp(min=1)
+    acc = ((z > 0) == (y >= 0.5))[m].float().mean() if bool(m.any()) else torch.tensor(0.0)
+    return loss, {"step_prm/loss": float(loss.detach()), "step_prm/acc": float(acc)}
+
+
+def prm_step_scores(
+    model,
+    tokenizer,
+    batch: RolloutBatch,
+    *,
+    delimiter: str,
+    micro_batch_size: int = 64,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """r_process at every step of every response (one forward per micro-batch).
+
+    Returns (step_probs [N, S] in [0, 1], 0 on padding; step_end_positions [N, S]; step_mask [N, S]).
+    """
+    positions, step_mask = segment_batch(
+        tokenizer, batch.response_ids, batch.response_mask, delimiter
+    )
+    logits = batch_response_logits(model, batch, micro_batch_size=micro_batch_size, device=device)
+    probs = torch.sigmoid(gather_steps(logits, positions)) * step_mask  # [N, S]
+    return probs, positions, step_mask
+
+
+def _write_labels(path: Path, batch: RolloutBatch, labels, delimiter: str, probs=None) -> None:
+    with open(path, "w") as f:
+        for i, text in enumerate(batch.responses):
+            n = int(labels.step_mask[i].sum())
+            row = {
+                "response": text,
+                "steps": steps(text, delimiter),
+                "label": labels.labels[i, :n].tolist(),
+                "soft": labels.soft[i, :n].tolist(),
+            }
+            if probs is not None:
+                row["prm_prob"] = [round(float(p), 4) for p in probs[i, :n]]
+            f.write(json.dumps(row) + "\n")
+
+
+def train_prm(
+    cfg: Config,
+    *,
+    out_dir: str | Path,
+    model_path: str | None = None,
+    completer_path: str | None = None,
+    num_problems: int = 256,
+    samples: int = 2,
+    n_completions: int = 8,
+    eval_problems: int = 64,
+    epochs: int = 4,
+    lr: float = 3e-4,
+    batch_size: int = 64,
+    label: str = "hard",
+    seed: int = 0,
+) -> dict[str, float | str]:
+    """`primekit train-prm`: sample, label steps by completion, fit the PRM, evaluate, save.
+
+    Responses come from `model_path` (default cfg.model.policy), completions from
+    `completer_path` (default: the same model); the PRM starts from `model_path`. Steps end at
+    cfg.explicit.step_delimiter. Held-out responses on `eval_problems` test problems, labelled the
+    same way, give the step classification accuracy. Writes the HF directory `out_dir` plus
+    train_metrics.json, labels_train.jsonl and labels_heldout.jsonl (with the PRM's probabilities).
+    """
+    from primekit.models.hf import save_model
+    from primekit.reward_models.labeling import (
+        HFCompleter,
+        mc_step_labels,
+        sample_split,
+        sampling_setup,
+    )
+    from primekit.rollout.hf import HFRolloutEngine
+
+    if label not in ("hard", "soft"):
+        raise ValueError(f"label must be 'hard' or 'soft', got {label!r}")
+    start = time.perf_counter()
+    delimiter = cfg.explicit.step_delimiter
+    model_path = model_path or cfg.model.policy
+    setup = sampling_setup(cfg, model_path, seed=seed)
+    engine = setup.engine
+    if completer_path and completer_path != model_path:
+        from primekit.models.hf import load_model
+
+        completer_model = load_model(completer_path, device=str(setup.device)).eval()
+        engine = HFRolloutEngine(
+            completer_model, setup.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size
+        )
+    completer = HFCompleter(engine, setup.params, setup.generator)
+
+    def labelled(split: str, n: int):
+        batch, rows, outcome = sample_split(setup, split, n, samples)
+        labels = mc_step_labels(
+            batch,
+            rows,
+            outcome,
+            completer,
+            setup.verifier,
+            setup.tokenizer,
+            delimiter=delimiter,
+            n_completions=n_completions,
+        )
+        return batch, outcome, labels
+
+    t0 = time.perf_counter()
+    train, train_y, train_labels = labelled("train", num_problems)
+    heldout, _, heldout_labels = labelled("test", eval_problems)
+    label_s = time.perf_counter() - t0
+    setup.release()
+    completer.engine = None
+
+    model = init_reward_model(model_path, device=setup.device, seed=seed)
+    targets = train_labels.labels if label == "hard" else train_labels.soft
+
+    def loss_fn(logits: torch.Tensor, rows: torch.Tensor, t: int):
+        return prm_step_loss(
+            logits,
+            train_labels.step_end_positions[rows],
+            train_labels.step_mask[rows],
+            targets[rows],
+        )
+
+    history = fit_reward_model(
+        model,
+        train,
+        loss_fn,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        device=setup.device,
+        seed=seed,
+        prefix="step_prm",
+    )
+    probs, _, _ = prm_step_scores(
+        model, setup.tokenizer, heldout, delimiter=delimiter, device=setup.device
+    )
+    m = heldout_labels.step_mask
+    y = heldout_labels.labels >= 0.5
+    # Last steps of finished responses carry the outcome label; the others come from completions.
+    counts = m.sum(1, keepdim=True)
+    is_last = torch.arange(m.shape[1])[None, :] == counts - 1
+    by_outcome = is_last & heldout.finished.cpu()[:, None] & m
+    summary: dict[str, float | str] = {
+        "step_prm/train_responses": float(len(train)),
+        "step_prm/train_accuracy_of_samples": float(train_y.mean()),
+        "step_prm/train_steps": float(train_labels.step_mask.sum()),
+        "step_prm/train_step_positive_rate": float(
+            train_labels.labels[train_labels.step_mask].mean()
+        ),
+        "step_prm/completions": float(train_labels.completions + heldout_labels.completions),
+        "step_prm/label_s": label_s,
+    }
+    summary.update({f"{k}_train_last_epoch": v for k, v in history[-1].items()})
+    summary.update(binary_metrics(probs[m], y[m], "step_prm/heldout"))
+    mid = m & ~by_outcome
+    summary.update(binary_metrics(probs[mid], y[mid], "step_prm/heldout_mc_steps"))
+    summary["step_prm/wall_s"] = time.perf_counter() - start
+    out = save_model(model, setup.tokenizer, out_dir)
+    summary["step_prm/out_dir"] = str(out)
+    (out / "train_metrics.json").write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "history": history,
+                "label": label,
+                "base": model_path,
+                "completer": completer_path or model_path,
+                "n_completions": n_completions,
+                "step_delimiter": delimiter,
+            },
+            indent=2,
+        )
+    )
+    _write_labels(out / "labels_train.jsonl", train, train_labels, delimiter)
+    _write_labels(out / "labels_heldout.jsonl", heldout, heldout_labels, delimiter, probs)
+    return summary
