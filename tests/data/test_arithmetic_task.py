@@ -35,14 +35,19 @@ def test_problem_fields_and_value_ranges():
     for p in problems:
         assert p.task == "arithmetic"
         assert p.prompt == p.meta["expression"] + "="
-        assert p.prompt.count("+") + p.prompt.count("-") + p.prompt.count("*") == p.meta["difficulty"] - 1
+        assert (
+            p.prompt.count("+") + p.prompt.count("-") + p.prompt.count("*")
+            == p.meta["difficulty"] - 1
+        )
         steps, answer = solve(p.prompt)
         assert p.answer == str(answer)
         assert p.solution == STEP_DELIMITER.join(steps) + f"\nA:{answer}"
         # Every running value (each step's result) stays in [1, 99]; operands are 1..9.
         for step in steps:
             assert 1 <= int(step.split("=")[1]) <= 99
-        assert all(1 <= int(x) <= 9 for x in p.prompt[:-1].replace("-", "+").replace("*", "+").split("+"))
+        assert all(
+            1 <= int(x) <= 9 for x in p.prompt[:-1].replace("-", "+").replace("*", "+").split("+")
+        )
     assert len({p.id for p in problems}) == len(problems)
 
 

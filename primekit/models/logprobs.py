@@ -1,0 +1,160 @@
+"""Per-token log-probabilities (and entropies) of response tokens under a causal LM.
+
+Notation: N sequences, L = P + T columns, T response tokens. Rows are laid out as
+[left-padding | prompt | response | right-padding]: prompts left-padded, responses right-padded,
+so the response occupies the last T columns and token t of the response is predicted by the
+hidden state at column L - T - 1 + t.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def _token_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head: torch.nn.Module,
+    temperature: float,
+    softcap: float | None,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(z / temperature)[target] and the entropy of softmax(z / temperature),
+    z = lm_head(hidden). Computed in at least float32."""
+    logits = lm_head(hidden)  # [n, c, V]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if softcap is not None:  # Gemma-2 style final-logit soft-capping, applied before temperature
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature
+    log_norm = torch.logsumexp(logits, dim=-1)  # [n, c]
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
+    if compute_entropy:
+        # H = logsumexp(z) - sum_v softmax(z)_v z_v
+        entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [n, c]
+    else:
+        entropy = torch.zeros_like(logprobs)
+    return logprobs, entropy
+
+
+def _backbone_and_head(
+    model: PreTrainedModel,
+) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
+    head = model.get_output_embeddings()
+    backbone = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if head is None or backbone is None or backbone is model:
+        raise ValueError(
+            f"sequence_logprobs needs a causal LM with a separate decoder and lm_head; "
+            f"{type(model).__name__} does not expose them"
+        )
+    config = model.config
+    if getattr(config, "logit_scale", None) not in (None, 1.0):
+        # Cohere-style scaled logits: not handled, refuse rather than silently differ.
+        raise ValueError(f"{type(model).__name__} scales its logits (logit_scale); not supported")
+    return backbone, head, getattr(config, "final_logit_softcapping", None)
+
+
+def sequence_logprobs(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    micro_batch_size: int | None = None,
+    chunk_size: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the last T = response_len tokens of each row given everything before them.
+
+    logprobs[i, t] = log softmax(z_i(L-T-1+t) / temperature)[input_ids[i, L-T+t]] where z_i(c)
+    are the logits at column c; entropy[i, t] is the entropy of that same distribution.
+    position_ids come from the attention mask (cumsum - 1), so left padding does not shift
+    positions. Columns whose attention_mask is 0 (response padding) get 0 in both outputs.
+
+    Memory: logits are never formed for prompt columns. The backbone's hidden states for the
+    T predicting columns go through lm_head in chunks of chunk_size tokens; under autograd each
+    chunk is checkpointed when there is more than one, so only one chunk's [n, chunk, V] logits
+    live at a time, also in backward (at the price of recomputing the lm_head matmul). Rows are
+    processed micro_batch_size at a time, and per micro-batch the columns that are padding in
+    every row are dropped.
+
+    Args:
+        model: a Hugging Face causal LM (decoder + lm_head).
+        input_ids: [N, L] prompt + response token ids.
+        attention_mask: [N, L] 1 on real tokens, 0 on padding.
+        response_len: T, with 1 <= T < L.
+        temperature: logits are divided by it (> 0), matching the sampling distribution.
+        compute_entropy: also return per-token entropies.
+        micro_batch_size: rows per forward pass (None: all N at once).
+        chunk_size: response tokens per lm_head chunk.
+
+    Returns:
+        logprobs [N, T] and entropy [N, T] (None unless compute_entropy), float32 or wider.
+    """
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids and attention_mask must both be [N, L], got {tuple(input_ids.shape)} "
+            f"and {tuple(attention_mask.shape)}"
+        )
+    n_rows, length = input_ids.shape
+    if not isinstance(response_len, int) or not 1 <= response_len < length:
+        raise ValueError(f"response_len must be an int in [1, {length - 1}], got {response_len!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if micro_batch_size is not None and micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+
+    backbone, head, softcap = _backbone_and_head(model)
+    device = next(model.parameters()).device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    T = response_len
+    mb = micro_batch_size or n_rows
+    out_logprobs, out_entropy = [], []
+    for start in range(0, n_rows, mb):
+        ids = input_ids[start : start + mb]  # [n, L]
+        mask = attention_mask[start : start + mb].long()  # [n, L]
+        # Trim columns that are padding in every row: leading ones (prompt side, but at most up
+        # to the first response column) and trailing ones (response side).
+        active = mask.any(0)
+        first = min(int(active.nonzero()[0]) if active.any() else 0, length - T - 1)
+        last = max(int(active.nonzero()[-1]) + 1 if active.any() else length, length - T + 1)
+        ids, mask = ids[:, first:last], mask[:, first:last]
+        keep = last - (length - T)  # response columns kept: [length - T, last)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L']
+        hidden = backbone(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # [n, L', H]
+        width = ids.shape[1]
+        hidden = hidden[:, width - keep - 1 : width - 1]  # [n, keep, H], predicting columns
+        targets = ids[:, width - keep :]  # [n, keep]
+        chunks = range(0, keep, chunk_size)
+        use_ckpt = torch.is_grad_enabled() and len(chunks) > 1
+        lp_parts, ent_parts = [], []
+        for c in chunks:
+            args = (hidden[:, c : c + chunk_size], targets[:, c : c + chunk_size], head)
+            args += (temperature, softcap, compute_entropy)
+            if use_ckpt:
+                lp, ent = checkpoint(_token_logprobs_and_entropy, *args, use_reentrant=False)
+            else:
+                lp, ent = _token_logprobs_and_entropy(*args)
+            lp_parts.append(lp)
+            ent_parts.append(ent)
+        logprobs = torch.cat(lp_parts, dim=1)  # [n, keep]
+        entropy = torch.cat(ent_parts, dim=1)  # [n, keep]
+        response_mask = mask[:, width - keep :].to(logprobs.dtype)  # [n, keep]
+        pad = T - keep
+        logprobs = torch.nn.functional.pad(logprobs * response_mask, (0, pad))  # [n, T]
+        entropy = torch.nn.functional.pad(entropy * response_mask, (0, pad))  # [n, T]
+        out_logprobs.append(logprobs)
+        out_entropy.append(entropy)
+    logprobs = torch.cat(out_logprobs, dim=0)  # [N, T]
+    entropy = torch.cat(out_entropy, dim=0) if compute_entropy else None  # [N, T]
+    return logprobs, entropy
