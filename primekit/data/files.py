@@ -1,0 +1,208 @@
+"""Problems from local JSONL / parquet files and from Hugging Face datasets.
+
+Row schema (one JSON object per line, or one parquet row):
+    prompt    str, required, non-empty
+    answer    str (ints and floats are accepted and turned into strings)   } at least one
+    tests     list of str, or dict (see Problem.tests)                     }
+    id        str or int, optional (default "<file stem>-<row number>"), unique in the file
+    solution  str, optional
+    task      str, optional (default: the `task` argument, else "code" with tests, "math" without)
+Other fields are kept in Problem.meta, plus meta["location"] = "<file name> line <n>" (parquet:
+"row <n>") unless the row has its own "location" field.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from primekit.data.problem import Problem
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+KNOWN_FIELDS = {"prompt", "answer", "tests", "id", "solution", "task"}
+
+
+class DatasetError(ValueError):
+    """A malformed dataset row; the message names the file, the row and the field."""
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _to_python(value: Any) -> Any:
+    # pandas hands parquet list columns over as numpy arrays and scalars as numpy scalars.
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        return value.tolist()
+    return value
+
+
+def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> Problem:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: a row must be a JSON object, got {_type_name(row)}")
+    row = {k: _to_python(v) for k, v in row.items()}
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        got = "missing" if "prompt" not in row else f"got {_type_name(prompt)}"
+        if isinstance(prompt, str):
+            got = "got an empty string"
+        raise DatasetError(f"{where}: field 'prompt' must be a non-empty string, {got}")
+    answer, tests = row.get("answer"), row.get("tests")
+    if answer is None and tests is None:
+        raise DatasetError(f"{where}: a row needs field 'answer' or field 'tests', it has neither")
+    if answer is not None:
+        if isinstance(answer, int | float) and not isinstance(answer, bool):
+            answer = str(answer)
+        if not isinstance(answer, str):
+            raise DatasetError(
+                f"{where}: field 'answer' must be a string, got {_type_name(answer)}"
+            )
+    if tests is not None:
+        ok = isinstance(tests, dict) or (
+            isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests)
+        )
+        if not ok:
+            raise DatasetError(
+                f"{where}: field 'tests' must be a non-empty list of strings or a dict, "
+                f"got {_type_name(tests)}"
+            )
+    for name in ("solution", "task"):
+        if row.get(name) is not None and not isinstance(row[name], str):
+            raise DatasetError(
+                f"{where}: field '{name}' must be a string, got {_type_name(row[name])}"
+            )
+    row_id = row.get("id")
+    if row_id is None:
+        row_id = default_id
+    elif isinstance(row_id, int) and not isinstance(row_id, bool):
+        row_id = str(row_id)
+    elif not isinstance(row_id, str):
+        raise DatasetError(f"{where}: field 'id' must be a string or int, got {_type_name(row_id)}")
+    return Problem(
+        id=row_id,
+        prompt=prompt,
+        task=row.get("task") or task or ("code" if tests is not None else "math"),
+        answer=answer,
+        tests=tests,
+        solution=row.get("solution"),
+        meta={"location": where, **{k: v for k, v in row.items() if k not in KNOWN_FIELDS}},
+    )
+
+
+def _read_jsonl(path: Path):
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path.name} line {lineno}: invalid JSON: {err.msg}") from err
+            yield f"{path.name} line {lineno}", lineno, row
+
+
+def _read_parquet(path: Path):
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    except ImportError:
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                f"reading {path.name} needs pyarrow or pandas; install the data extra: "
+                "pip install 'primekit[data]'"
+            ) from None
+        rows = pd.read_parquet(path).to_dict("records")
+    for i, row in enumerate(rows, start=1):
+        yield f"{path.name} row {i}", i, row
+
+
+def load_problems(path: str | Path, *, task: str | None = None) -> list[Problem]:
+    """All problems of a local .jsonl/.ndjson or .parquet file, in file order.
+
+    `task` is the default for rows without a "task" field. Raises DatasetError (a ValueError)
+    naming the file, line/row and field for a malformed row or invalid JSON, and for an id
+    that repeats.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        rows = _read_jsonl(path)
+    elif suffix in PARQUET_SUFFIXES:
+        rows = _read_parquet(path)
+    else:
+        raise ValueError(
+            f"cannot read {str(path)!r}: expected a {JSONL_SUFFIXES + PARQUET_SUFFIXES} file"
+        )
+    problems, first_seen = [], {}
+    for where, number, row in rows:
+        problem = _row_to_problem(row, where, f"{path.stem}-{number}", task)
+        if problem.id in first_seen:
+            raise DatasetError(
+                f"{where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})"
+            )
+        first_seen[problem.id] = where
+        problems.append(problem)
+    return problems
+
+
+def load_hf_problems(
+    name: str,
+    split: str,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    task: str = "math",
+) -> list[Problem]:
+    """Problems from a Hugging Face dataset (hub id or local path), via `datasets.load_dataset`.
+
+    prompt_field / answer_field name the columns to read; every other column goes to meta.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "load_hf_problems needs the `datasets` package; install the data extra: "
+            "pip install 'primekit[data]'"
+        ) from None
+    ds = datasets.load_dataset(name, split=split)
+    columns = list(ds.column_names)
+    for field in (prompt_field, answer_field):
+        if field not in columns:
+            raise DatasetError(f"{name} [{split}]: no column {field!r}; columns are {columns}")
+    used = {prompt_field, answer_field}
+    problems = []
+    for i, row in enumerate(ds):
+        where = f"{name} [{split}] row {i}"
+        # Other columns go to meta; "id" and "solution" columns are used as such; stray
+        # "prompt"/"answer"/"task"/"tests" columns (when other fields were chosen) are dropped.
+        mapped = {k: v for k, v in row.items() if k not in used and k not in KNOWN_FIELDS}
+        mapped.update({k: row[k] for k in ("id", "solution") if k in row and k not in used})
+        mapped.update(prompt=row[prompt_field], answer=row[answer_field])
+        problems.append(_row_to_problem(mapped, where, f"{name}/{split}/{i}", task))
+    return problems
+
+
+def split_problems(
+    problems: list[Problem], heldout_fraction: float, seed: int
+) -> tuple[list[Problem], list[Problem]]:
+    """Split into (train, heldout) by prompt text: all copies of a prompt land on one side.
+
+    A seeded shuffle of the distinct prompts puts round(heldout_fraction * #prompts) of them in
+    heldout. Both lists keep the input order.
+    """
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction must lie in [0, 1), got {heldout_fraction!r}")
+    prompts = sorted({p.prompt for p in problems})
+    random.Random(seed).shuffle(prompts)
+    heldout = set(prompts[: round(heldout_fraction * len(prompts))])
+    return [p for p in problems if p.prompt not in heldout], [
+        p for p in problems if p.prompt in heldout
+    ]

@@ -1,0 +1,181 @@
+"""load_problems / load_hf_problems / split_problems: schema, error messages, hygiene."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from primekit.data.files import DatasetError, load_hf_problems, load_problems, split_problems
+from primekit.data.problem import Problem
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_load_jsonl_fields_defaults_and_meta(tmp_path):
+    path = _write(
+        tmp_path / "data.jsonl",
+        [
+            {"prompt": "1+1=", "answer": "2", "id": "a", "solution": "1+1=2\nA:2", "level": 3},
+            {"prompt": "What is 6*7?", "answer": 42},
+            "",  # blank lines are skipped, line numbers still count them
+            {"prompt": "def f(): ...", "tests": ["assert f() is None"]},
+            {"prompt": "echo", "tests": {"inputs": ["x\n"], "outputs": ["x\n"]}, "task": "code"},
+        ],
+    )
+    a, b, c, d = load_problems(path)
+    assert (a.id, a.answer, a.solution, a.task) == ("a", "2", "1+1=2\nA:2", "math")
+    assert a.meta == {"level": 3, "location": "data.jsonl line 1"}
+    assert (b.id, b.answer) == ("data-2", "42")  # int answer becomes a string; id from the line
+    assert (c.id, c.task, c.tests) == ("data-4", "code", ["assert f() is None"])
+    assert d.tests == {"inputs": ["x\n"], "outputs": ["x\n"]}
+    assert [p.task for p in load_problems(path, task="arithmetic")] == ["arithmetic"] * 3 + ["code"]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (
+            {"prompt": "p", "answer": [1, 2]},
+            "data.jsonl line 3: field 'answer' must be a string, got list",
+        ),
+        ({"answer": "1"}, "data.jsonl line 3: field 'prompt' must be a non-empty string, missing"),
+        (
+            {"prompt": "", "answer": "1"},
+            "field 'prompt' must be a non-empty string, got an empty string",
+        ),
+        ({"prompt": 5, "answer": "1"}, "field 'prompt' must be a non-empty string, got int"),
+        ({"prompt": "p"}, "data.jsonl line 3: a row needs field 'answer' or field 'tests'"),
+        (
+            {"prompt": "p", "tests": "assert 1"},
+            "field 'tests' must be a non-empty list of strings or a dict, got str",
+        ),
+        ({"prompt": "p", "tests": [1]}, "field 'tests'"),
+        (
+            {"prompt": "p", "answer": "1", "id": 1.5},
+            "field 'id' must be a string or int, got float",
+        ),
+        (
+            {"prompt": "p", "answer": "1", "solution": 3},
+            "field 'solution' must be a string, got int",
+        ),
+        ({"prompt": "p", "answer": True}, "field 'answer' must be a string, got bool"),
+        ([1, 2], "data.jsonl line 3: a row must be a JSON object, got list"),
+        ('{"prompt": "p", "answer": ', "data.jsonl line 3: invalid JSON"),
+        (
+            {"prompt": "p", "answer": "1", "id": "x"},
+            "data.jsonl line 3: duplicate id 'x' (first at data.jsonl line 1)",
+        ),
+    ],
+)
+def test_malformed_rows_name_file_line_and_field(tmp_path, row, message):
+    path = _write(
+        tmp_path / "data.jsonl",
+        [{"prompt": "ok", "answer": "1", "id": "x"}, {"prompt": "ok2", "answer": "2"}, row],
+    )
+    with pytest.raises(DatasetError) as err:
+        load_problems(path)
+    assert message in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_missing_file_and_unknown_extension(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_problems(tmp_path / "nope.jsonl")
+    (tmp_path / "data.csv").write_text("prompt,answer\n")
+    with pytest.raises(ValueError, match="data.csv"):
+        load_problems(tmp_path / "data.csv")
+
+
+def test_parquet_without_pyarrow_or_pandas_says_what_to_install(tmp_path, monkeypatch):
+    (tmp_path / "data.parquet").write_bytes(b"PAR1")
+    # A None entry in sys.modules makes `import` raise ImportError.
+    for mod in ("pyarrow", "pyarrow.parquet", "pandas"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    with pytest.raises(ImportError, match=r"primekit\[data\]"):
+        load_problems(tmp_path / "data.parquet")
+
+
+def test_parquet_through_pandas_like_reader(tmp_path, monkeypatch):
+    # Stands in for pandas (not installed here): rows come back with numpy-style list values.
+    class Arr(list):
+        def tolist(self):
+            return list(self)
+
+    class Frame:
+        def to_dict(self, orient):
+            assert orient == "records"
+            return [{"prompt": "p1", "answer": "1"}, {"prompt": "p2", "tests": Arr(["assert 1"])}]
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    monkeypatch.setitem(
+        sys.modules, "pandas", types.SimpleNamespace(read_parquet=lambda path: Frame())
+    )
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    a, b = load_problems(tmp_path / "d.parquet")
+    assert (a.id, a.meta["location"], b.tests, type(b.tests)) == (
+        "d-1",
+        "d.parquet row 1",
+        ["assert 1"],
+        list,
+    )
+
+
+def test_load_hf_problems_with_a_stand_in_datasets_module(monkeypatch):
+    class FakeDataset(list):
+        column_names = ["question", "final", "source"]
+
+    rows = FakeDataset(
+        [
+            {"question": "1+2?", "final": "3", "source": "s"},
+            {"question": "2+2?", "final": 4, "source": "s"},
+        ]
+    )
+    calls = []
+
+    def load_dataset(name, split):
+        calls.append((name, split))
+        return rows
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    a, b = load_hf_problems("org/set", "test", prompt_field="question", answer_field="final")
+    assert calls == [("org/set", "test")]
+    assert (a.prompt, a.answer, a.task, a.id, a.meta["source"]) == (
+        "1+2?",
+        "3",
+        "math",
+        "org/set/test/0",
+        "s",
+    )
+    assert b.answer == "4" and b.meta["location"] == "org/set [test] row 1"
+    with pytest.raises(DatasetError, match="no column 'prompt'"):
+        load_hf_problems("org/set", "test")
+
+
+def test_load_hf_problems_without_datasets(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match=r"primekit\[data\]"):
+        load_hf_problems("org/set", "train")
+
+
+def test_split_problems_never_overlaps_by_prompt():
+    # 300 distinct prompts, each appearing 3 times under different ids.
+    problems = [Problem(id=str(i), prompt=f"q{i % 300}", answer="1") for i in range(900)]
+    train, heldout = split_problems(problems, 0.2, seed=0)
+    assert len(train) + len(heldout) == 900
+    assert {p.prompt for p in train}.isdisjoint({p.prompt for p in heldout})
+    assert len({p.prompt for p in heldout}) == 60  # round(0.2 * 300)
+    train_ids = {p.id for p in train}
+    assert [p.id for p in train] == [p.id for p in problems if p.id in train_ids]  # order kept
+    again = split_problems(problems, 0.2, seed=0)
+    assert [p.id for p in again[1]] == [p.id for p in heldout]
+    assert [p.id for p in split_problems(problems, 0.2, seed=1)[1]] != [p.id for p in heldout]
+    assert split_problems(problems, 0.0, seed=0)[1] == []
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        split_problems(problems, 1.0, seed=0)
