@@ -1,0 +1,127 @@
+"""ExplicitRewarder: where the dense rewards land and what each transform does to them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primekit.config import load_config
+from primekit.reward_models.dense import (
+    ExplicitRewarder,
+    orm_token_rewards,
+    transform_step_rewards,
+)
+from primekit.reward_models.hack_check import batch_from_texts
+from primekit.reward_models.orm import last_token_index
+from primekit.reward_models.prm import prm_step_scores
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tiny_model_dir, tmp_path_factory):
+    """A fixed (random-head) reward model saved like train-orm / train-prm save theirs."""
+    from primekit.models.hf import load_tokenizer, save_model
+    from primekit.reward_models.heads import init_reward_model
+
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    save_model(init_reward_model(tiny_model_dir, seed=1), load_tokenizer(tiny_model_dir), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model_dir):
+    from primekit.models.hf import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    responses = ["3+4=7\n7*2=14\nA:14", "1+1=2\nA:2", "A:5", "9-1=8\n8-1=7\n7-1=6\nA:6"]
+    prompts = [tok(p)["input_ids"] for p in ["3+4*2=", "1+1=", "5=", "9-1-1-1="]]
+    return tok, batch_from_texts(tok, prompts, responses)
+
+
+def _cfg(mode: str, path, *extra: str):
+    return load_config(None, [f"algorithm.reward_mode={mode}", f"explicit.{mode}={path}", *extra])
+
+
+def test_transform_step_rewards_dispatch_and_eta_check():
+    probs = torch.tensor([[0.9, 0.4, 0.8]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    # Clip, eta 0.5: min(r - 0.5, 0) -> [0, -0.1, 0]; Delta on that: [0 - (-0.1), -0.1, 0].
+    assert torch.allclose(
+        transform_step_rewards(probs, mask, "clip", eta=0.5), torch.tensor([[0.0, -0.1, 0.0]])
+    )
+    assert torch.allclose(
+        transform_step_rewards(probs, mask, "clip-delta", eta=0.5), torch.tensor([[0.1, -0.1, 0.0]])
+    )
+    # length penalty c = 0.1: r_k - k c with k = 1, 2, 3
+    assert torch.allclose(
+        transform_step_rewards(probs, mask, "length-penalty", length_penalty=0.1),
+        torch.tensor([[0.8, 0.2, 0.5]]),
+    )
+    for bad in (0.0, -0.2, 1.5):
+        with pytest.raises(ValueError, match="explicit.eta"):
+            transform_step_rewards(probs, mask, "clip", eta=bad)
+    with pytest.raises(ValueError, match="transform"):
+        transform_step_rewards(probs, mask, "sqrt")
+
+
+def test_orm_token_rewards_on_last_valid_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    out = orm_token_rewards(torch.tensor([0.7, 0.2, 0.9]), mask)
+    assert torch.equal(out, torch.tensor([[0, 0, 0.7, 0], [0.2, 0, 0, 0], [0, 0, 0, 0]]))
+
+
+def test_orm_rewarder(rm_dir, batch):
+    tok, b = batch
+    rewarder = ExplicitRewarder(_cfg("orm", rm_dir), tok)
+    rewards, metrics = rewarder.token_rewards(b)
+    last = last_token_index(b.response_mask)
+    nonzero = rewards.nonzero().tolist()
+    assert nonzero == [[i, int(last[i])] for i in range(len(b))]
+    assert torch.all((rewards > 0) & (rewards < 1) | (rewards == 0))
+    assert metrics["explicit/orm_score_mean"] == pytest.approx(float(rewards.sum(1).mean()))
+
+
+@pytest.mark.parametrize(
+    "transform", ["none", "clip", "delta", "clip-delta", "length-norm", "length-penalty", "normed"]
+)
+def test_prm_rewarder_places_transformed_step_rewards(rm_dir, batch, transform):
+    tok, b = batch
+    cfg = _cfg(
+        "prm",
+        rm_dir,
+        f"explicit.transform={transform}",
+        "explicit.eta=0.5",
+        "explicit.length_penalty=0.05",
+    )
+    rewards, metrics = ExplicitRewarder(cfg, tok).token_rewards(b)
+    from primekit.reward_models.heads import load_reward_model
+
+    probs, pos, step_mask = prm_step_scores(load_reward_model(rm_dir), tok, b, delimiter="\n")
+    expect = transform_step_rewards(probs, step_mask, transform, eta=0.5, length_penalty=0.05)
+    # Each step's reward sits on its step's last token and nowhere else.
+    for i in range(len(b)):
+        for k in range(int(step_mask[i].sum())):
+            assert float(rewards[i, pos[i, k]]) == pytest.approx(float(expect[i, k]), abs=1e-6)
+        off = torch.ones(rewards.shape[1], dtype=torch.bool)
+        off[pos[i][step_mask[i]]] = False
+        assert torch.all(rewards[i, off] == 0)
+    returns = rewards.sum(1)
+    assert metrics["explicit/dense_return_mean"] == pytest.approx(float(returns.mean()), abs=1e-6)
+    assert metrics["explicit/steps_mean"] == 2.5  # (3 + 2 + 1 + 4) / 4
+    if transform in ("clip", "clip-delta"):
+        assert torch.all(rewards <= 0)
+    if transform in ("delta", "clip-delta"):
+        # Theorem 1: the return telescopes to the (clipped) first-step reward; 0 with one step.
+        base = probs if transform == "delta" else (probs - 0.5).clamp(max=0)
+        k_steps = step_mask.sum(1)
+        expect_ret = torch.where(k_steps >= 2, base[:, 0], torch.zeros(len(b)))
+        assert torch.allclose(returns, expect_ret, atol=1e-6)
+
+
+def test_rewarder_rejects_bad_setups(rm_dir, batch):
+    tok, _ = batch
+    with pytest.raises(ValueError, match="explicit.eta"):
+        ExplicitRewarder(_cfg("prm", rm_dir, "explicit.transform=clip"), tok)
+    cfg = _cfg("prm", rm_dir)
+    cfg.algorithm.reward_mode = "prime"
+    with pytest.raises(ValueError, match="reward_mode"):
+        ExplicitRewarder(cfg, tok)
