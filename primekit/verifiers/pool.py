@@ -1,0 +1,301 @@
+"""Worker processes with a hard per-item deadline: a stuck item costs one worker, never the caller.
+
+Why not `concurrent.futures.ProcessPoolExecutor`: it cannot kill one stuck task (a sympy
+simplification or a C-level big-integer power never returns and ignores signals), and
+math-verify's own `signal.alarm` timeouts only work on the main thread of the main interpreter.
+Here each worker is a plain `python` subprocess speaking pickled messages over two pipes; the
+caller waits with a deadline per item and SIGKILLs and replaces a worker that overruns it.
+This works the same from the main thread, a worker thread, or inside a (daemonic) process-pool
+worker, because it uses neither signals nor `multiprocessing.Process`.
+
+Workers are spawned from one long-lived thread of the pool so that `PR_SET_PDEATHSIG` (set by
+the worker) fires only when the pool's owner process dies, not when some short-lived caller
+thread exits. A worker also exits when its inbox pipe reaches EOF.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+Outcome = tuple[str, Any]  # ("ok", value) | ("timeout", None) | ("error", "short reason")
+
+_WORKER_BOOT = "from primekit.verifiers.pool import _worker_main; _worker_main()"
+
+
+class _Worker:
+    """One worker subprocess and the two pipe ends the parent keeps."""
+
+    def __init__(self, proc: subprocess.Popen, inbox: Connection, outbox: Connection) -> None:
+        self.proc = proc
+        self.inbox = inbox  # parent writes tasks here
+        self.outbox = outbox  # parent reads results here
+        self.ready = False
+        self.started = time.monotonic()
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        for conn in (self.inbox, self.outbox):
+            with contextlib.suppress(OSError):
+                conn.close()
+        # A SIGKILLed process stuck in D state cannot be helped; do not hang on it.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5.0)
+
+
+class DeadlinePool:
+    """A pool of `workers` processes that apply `target` ("module:function") to items.
+
+    `init` ("module:function", optional) runs once in each worker before it reports ready: the
+    place for slow imports, so they are not charged to the first item's deadline.
+
+    `map(items, timeout_s)` returns one Outcome per item, in order. An item's clock starts when a
+    ready worker receives it (worker start-up, up to `start_timeout_s`, is not charged to it).
+    Thread-safe: concurrent `map` calls each check out their own workers.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        workers: int = 2,
+        *,
+        init: str | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        for name, value in (("target", target), ("init", init)):
+            if value is not None and ":" not in value:
+                raise ValueError(f"{name} must look like 'module:function', got {value!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.target = target
+        self.init = init
+        self.workers = workers
+        self.start_timeout_s = start_timeout_s
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pk-pool-spawn")
+        self._finalizer = weakref.finalize(self, DeadlinePool._shutdown, self._idle, self._spawner)
+        atexit.register(self._finalizer)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _spawn(self) -> _Worker:
+        return self._spawner.submit(self._spawn_now).result()
+
+    def _spawn_now(self) -> _Worker:
+        task_r, task_w = os.pipe()
+        res_r, res_w = os.pipe()
+        env = dict(os.environ)
+        # The parent's sys.path (e.g. a source checkout that is not installed) must reach the worker.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _WORKER_BOOT,
+                    str(task_r),
+                    str(res_w),
+                    self.target,
+                    self.init or "",
+                ],
+                pass_fds=(task_r, res_w),
+                stdin=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+            )
+        finally:
+            os.close(task_r)
+            os.close(res_w)
+        return _Worker(proc, Connection(task_w, readable=False), Connection(res_r, writable=False))
+
+    def _checkout(self, n: int) -> list[_Worker]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("DeadlinePool is closed")
+            taken = [self._idle.pop() for _ in range(min(n, len(self._idle)))]
+        taken += [self._spawn() for _ in range(n - len(taken))]
+        return taken
+
+    def _checkin(self, workers: list[_Worker]) -> None:
+        extra: list[_Worker] = []
+        with self._lock:
+            for w in workers:
+                keep = w.ready and w.proc.poll() is None and not self._closed
+                if keep and len(self._idle) < self.workers:
+                    self._idle.append(w)
+                    continue
+                extra.append(w)
+        for w in extra:
+            w.kill()
+
+    def warm_up(self) -> None:
+        """Start the workers now (they import their module once) so the first map is fast."""
+        ws = self._checkout(self.workers)
+        try:
+            _wait_ready(ws, self.start_timeout_s)
+        finally:
+            self._checkin(ws)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    @staticmethod
+    def _shutdown(idle: list[_Worker], spawner: ThreadPoolExecutor) -> None:
+        while idle:
+            idle.pop().kill()
+        spawner.shutdown(wait=False)
+
+    # -- the work --------------------------------------------------------------------------
+
+    def map(self, items: Sequence[Any], timeout_s: float) -> list[Outcome]:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        n = len(items)
+        results: list[Outcome | None] = [None] * n
+        if n == 0:
+            return []
+        pool = self._checkout(min(self.workers, n))
+        pending = deque(range(n))
+        busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (item index, deadline)
+        try:
+            while pending or busy:
+                now = time.monotonic()
+                for w in pool:
+                    if w.ready and w not in busy and pending:
+                        i = pending.popleft()
+                        try:
+                            w.inbox.send((i, items[i]))
+                        except Exception as e:  # unpicklable item or a dead pipe
+                            results[i] = ("error", f"could not send item: {type(e).__name__}")
+                            continue
+                        busy[w] = (i, now + timeout_s)
+                if not pending and not busy:
+                    break
+                deadlines = [d for _, d in busy.values()]
+                deadlines += [w.started + self.start_timeout_s for w in pool if not w.ready]
+                wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
+                conns = {w.outbox: w for w in pool}
+                ready = wait(list(conns), timeout=wait_s)
+                dead: list[_Worker] = []
+                for conn in ready:
+                    w = conns[conn]
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        dead.append(w)
+                        continue
+                    except Exception as e:  # a result that cannot be unpickled here
+                        msg = (busy.get(w, (-1,))[0], "error", f"bad result: {type(e).__name__}")
+                    tag, status, value = msg
+                    if tag == "ready":
+                        w.ready = True
+                    elif w in busy and busy[w][0] == tag:
+                        results[tag] = (status, value)
+                        del busy[w]
+                now = time.monotonic()
+                for w in list(pool):
+                    overdue = w in busy and now >= busy[w][1]
+                    slow_start = not w.ready and now >= w.started + self.start_timeout_s
+                    if not (w in dead or overdue or slow_start or w.proc.poll() is not None):
+                        continue
+                    if w in busy:
+                        i, _ = busy.pop(w)
+                        if overdue:
+                            results[i] = ("timeout", None)
+                        else:
+                            results[i] = ("error", f"worker died (exit code {w.proc.poll()})")
+                    was_ready = w.ready
+                    w.kill()
+                    pool.remove(w)
+                    if was_ready and pending:
+                        pool.append(self._spawn())
+                    elif not was_ready and not pool:
+                        # A worker that cannot start will not start on retry either.
+                        for i in pending:
+                            results[i] = ("error", "verifier worker failed to start")
+                        pending.clear()
+            return [r if r is not None else ("error", "internal: no result") for r in results]
+        except BaseException:
+            for w in pool:
+                w.kill()
+            pool = []
+            raise
+        finally:
+            self._checkin(pool)
+
+
+def _wait_ready(ws: list[_Worker], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for w in ws:
+        while not w.ready and time.monotonic() < deadline:
+            if not w.outbox.poll(max(0.0, deadline - time.monotonic())):
+                break
+            try:
+                tag, _, _ = w.outbox.recv()
+            except (EOFError, OSError):
+                break
+            w.ready = tag == "ready"
+
+
+def _resolve(target: str) -> Callable[[Any], Any]:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _set_parent_death_signal() -> None:
+    """Linux only: SIGKILL this worker when the thread that spawned it (the pool's) dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main() -> None:
+    """Entry point of a worker process: argv = [task_fd, result_fd, target, init or ""]."""
+    parent = os.getppid()
+    _set_parent_death_signal()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    inbox = Connection(int(sys.argv[1]), writable=False)
+    outbox = Connection(int(sys.argv[2]), readable=False)
+    fn = _resolve(sys.argv[3])
+    if sys.argv[4]:
+        _resolve(sys.argv[4])()
+    outbox.send(("ready", "ok", None))
+    while True:
+        try:
+            tag, item = inbox.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            out: tuple[str, Any] = ("ok", fn(item))
+        except BaseException as e:  # the caller gets a short reason, the worker lives on
+            out = ("error", f"{type(e).__name__}: {str(e)[:200]}")
+        try:
+            outbox.send((tag, *out))
+        except Exception as e:
+            outbox.send((tag, "error", f"unpicklable result: {type(e).__name__}"))
