@@ -1,5 +1,71 @@
-"""Outcome verifiers: every one returns a `Verdict`."""
+"""Outcome verifiers: every one returns a `Verdict`, never raises, never blocks past its limit.
+
+`build_verifier(task, **options)` picks one by `Problem.task`; `verdict_stats` summarises a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from primekit.verifiers.base import Verdict, Verifier
+from primekit.verifiers.code import CodeVerifier
+from primekit.verifiers.math import MathVerifier
 
-__all__ = ["Verdict", "Verifier"]
+
+def _arithmetic(**options: Any) -> Verifier:
+    # Lazy: primekit.data.arithmetic is owned elsewhere and may import more than we need.
+    from primekit.data.arithmetic import ArithmeticVerifier
+
+    return ArithmeticVerifier(**options)
+
+
+VERIFIERS: dict[str, Callable[..., Verifier]] = {
+    "math": MathVerifier,
+    "code": CodeVerifier,
+    "arithmetic": _arithmetic,
+}
+
+
+def build_verifier(task: str, **options: Any) -> Verifier:
+    """The verifier for `task` ("math", "code" or "arithmetic"), built with `options`.
+
+    Raises:
+        ValueError if `task` is not one of VERIFIERS.
+    """
+    if task not in VERIFIERS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(VERIFIERS)}")
+    return VERIFIERS[task](**options)
+
+
+def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
+    """Rates of each status and the mean score over a batch (all 0.0 for an empty batch).
+
+    Returns:
+        {"verify/error_rate", "verify/timeout_rate", "verify/correct_rate", "verify/mean_score"}
+    """
+    n = len(verdicts)
+    if n == 0:
+        return {
+            "verify/error_rate": 0.0,
+            "verify/timeout_rate": 0.0,
+            "verify/correct_rate": 0.0,
+            "verify/mean_score": 0.0,
+        }
+    return {
+        "verify/error_rate": sum(v.status == "error" for v in verdicts) / n,
+        "verify/timeout_rate": sum(v.status == "timeout" for v in verdicts) / n,
+        "verify/correct_rate": sum(v.status == "correct" for v in verdicts) / n,
+        "verify/mean_score": sum(v.score for v in verdicts) / n,
+    }
+
+
+__all__ = [
+    "VERIFIERS",
+    "CodeVerifier",
+    "MathVerifier",
+    "Verdict",
+    "Verifier",
+    "build_verifier",
+    "verdict_stats",
+]
