@@ -88,7 +88,9 @@ def extract_answer(response: str, patterns: Sequence[str] = DEFAULT_PATTERNS) ->
             return content.strip()
     best: tuple[int, str] | None = None
     for pattern in patterns:
-        for m in re.finditer(pattern, response, flags=re.IGNORECASE):
+        # A lookahead finds overlapping matches, so "... the answer is 1, no, the answer is 2"
+        # yields a match starting at the second phrase too.
+        for m in re.finditer(f"(?=(?:{pattern}))", response, flags=re.IGNORECASE):
             if best is None or m.start() > best[0]:
                 best = (m.start(), m.group(1))
     if best is None:

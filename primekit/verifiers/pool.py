@@ -136,7 +136,8 @@ class DeadlinePool:
         extra: list[_Worker] = []
         with self._lock:
             for w in workers:
-                keep = w.ready and w.proc.poll() is None and not self._closed
+                # Workers still starting are kept too; the next map waits for their "ready".
+                keep = w.proc.poll() is None and not self._closed
                 if keep and len(self._idle) < self.workers:
                     self._idle.append(w)
                     continue
@@ -225,7 +226,7 @@ class DeadlinePool:
                     was_ready = w.ready
                     w.kill()
                     pool.remove(w)
-                    if was_ready and pending:
+                    if was_ready:  # replace it now: its start-up overlaps the remaining work
                         pool.append(self._spawn())
                     elif not was_ready and not pool:
                         # A worker that cannot start will not start on retry either.
