@@ -52,7 +52,12 @@ class HFRolloutEngine:
 
     Rows that produced EOS stop contributing (they are dropped from the batch once enough of
     them have finished) and the loop ends when every row has finished or max_new_tokens is
-    reached. The model is put in eval mode for generation and restored afterwards.
+    reached. The model is put in eval mode for generation and restored afterwards. Returned
+    tensors live on the model's device; masks are int64 (HF attention-mask convention).
+
+    Reproducibility: the same generator state, prompts, weights and micro_batch_size give the
+    same tokens (on CPU; CUDA kernels may add nondeterminism). A different micro_batch_size
+    consumes the random stream in a different order.
 
     Args:
         model: a Hugging Face causal LM (the policy itself: no copy is made).
