@@ -1,0 +1,62 @@
+"""build_verifier picks by task name; verdict_stats summarises a batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from primekit.verifiers import (
+    CodeVerifier,
+    MathVerifier,
+    Verdict,
+    Verifier,
+    build_verifier,
+    verdict_stats,
+)
+
+
+def test_build_verifier_by_task_with_options():
+    math = build_verifier("math", timeout_s=3.0, workers=1)
+    assert isinstance(math, MathVerifier) and (math.timeout_s, math.workers) == (3.0, 1)
+    code = build_verifier("code", timeout_s=2.0, memory_mb=256, max_workers=3)
+    assert isinstance(code, CodeVerifier)
+    assert (code.limits.timeout_s, code.limits.memory_mb, code.max_workers) == (2.0, 256, 3)
+
+
+def test_build_verifier_arithmetic_is_imported_lazily():
+    pytest.importorskip("primekit.data.arithmetic")
+    verifier = build_verifier("arithmetic")
+    assert type(verifier).__name__ == "ArithmeticVerifier"
+    assert callable(verifier.verify) and callable(verifier.verify_batch)
+
+
+def test_unknown_task_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math'\]"):
+        build_verifier("poetry")
+
+
+def test_verifiers_satisfy_the_protocol():
+    def takes(v: Verifier) -> Verifier:
+        return v
+
+    for v in (MathVerifier(), CodeVerifier()):
+        assert takes(v) is v and callable(v.verify) and callable(v.verify_batch)
+
+
+def test_verdict_stats_hand_computed():
+    verdicts = [
+        Verdict.correct(),  # 1.0
+        Verdict.incorrect(0.5),  # 0.5
+        Verdict.error("boom"),  # 0.0
+        Verdict.timeout(score=0.25),  # 0.25
+        Verdict.incorrect(),  # 0.0
+    ]
+    # error 1/5, timeout 1/5, correct 1/5, mean (1 + 0.5 + 0 + 0.25 + 0) / 5 = 0.35
+    assert verdict_stats(verdicts) == pytest.approx(
+        {
+            "verify/error_rate": 0.2,
+            "verify/timeout_rate": 0.2,
+            "verify/correct_rate": 0.2,
+            "verify/mean_score": 0.35,
+        }
+    )
+    assert verdict_stats([])["verify/mean_score"] == 0.0
