@@ -103,6 +103,8 @@ class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
     whiten: bool = True
+    # Reference-code option: scale process rewards by the batch's largest |reward-to-go|.
+    process_max_abs_norm: bool = False
     kl_coef: float = 0.0
     kl_kind: str = "k3"
     entropy_coef: float = 0.0

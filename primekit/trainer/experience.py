@@ -111,11 +111,17 @@ def chunks(n: int, size: int, multiple: int = 1) -> Iterator[torch.Tensor]:
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: RolloutBatch, micro_batch_size: int, device) -> torch.Tensor:
-    """No-grad per-token log-probs of every response in the batch: [N, T] on CPU."""
+def batch_logprobs(model, batch: RolloutBatch, micro_batch_size: int, device,
+                   multiple: int = 1) -> torch.Tensor:
+    """No-grad per-token log-probs of every response in the batch: [N, T] on CPU.
+
+    Use the same (micro_batch_size, multiple) as the forward it is compared with: equal chunks give
+    equal padding, so two copies of one model give bitwise-equal log-probs (zero process rewards at
+    initialisation, a PPO ratio of exactly 1 on the first mini-batch).
+    """
     N, T = batch.response_ids.shape
     out = torch.zeros(N, T)
-    for rows in chunks(N, micro_batch_size):
+    for rows in chunks(N, micro_batch_size, multiple):
         ids, attn, t = row_inputs(batch, rows)
         lp, _ = sequence_logprobs(model, ids.to(device), attn.to(device), t)
         out[rows, :t] = lp.float().cpu()

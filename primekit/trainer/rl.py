@@ -155,7 +155,7 @@ class RLTrainer:
                     logger.log(metrics, step=self.step)
                     self.history.append(metrics)
                     progress.update(advance=1, acc=metrics["reward/outcome_mean_sampled"],
-                                    prm_acc=metrics.get("prm/acc_pairwise", float("nan")))
+                                    prm_acc=metrics.get("prm/acc_pairwise", "-"))
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
             final = self.evaluate()
@@ -272,8 +272,12 @@ class RLTrainer:
             exp.old_logprobs = self._timed(timing, "old_logprobs", batch_logprobs, self.policy,
                                            exp.batch, mb, self.device)
         if self.ref is not None:
+            # Chunked like the PRM's forward, so an untouched PRM gives exactly zero rewards.
+            ref_mb, multiple = mb, 1
+            if self.prime:
+                ref_mb, multiple = cfg.prm.micro_batch_size, cfg.rollout.n_samples
             exp.ref_logprobs = self._timed(timing, "ref_logprobs", batch_logprobs, self.ref,
-                                           exp.batch, mb, self.device)
+                                           exp.batch, ref_mb, self.device, multiple)
         else:
             exp.ref_logprobs = exp.old_logprobs
             timing["ref_logprobs"] = 0.0
@@ -317,7 +321,7 @@ class RLTrainer:
                     loss, lm = prm_dpo_loss(prm_lp, ref_lp, m, outcome,
                                             exp.group_ids[rows].to(prm_lp.device), p.beta)
                 (loss * len(rows) / len(mini)).backward()
-                losses.append((float(loss), len(rows)))
+                losses.append((float(loss.detach()), len(rows)))
             if online:
                 self._sync_grads(self.prm)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.prm.parameters(),
@@ -333,7 +337,7 @@ class RLTrainer:
         if online and p.forward == "double":
             self.prm.eval()
             t0 = time.perf_counter()
-            prm_lp = batch_logprobs(self.prm, exp.batch, p.micro_batch_size, self.device)
+            prm_lp = batch_logprobs(self.prm, exp.batch, p.micro_batch_size, self.device, K)
             token_rewards = implicit_token_rewards(prm_lp, exp.ref_logprobs, mask, p.beta)
             timing["prm_rescore"] = time.perf_counter() - t0
             seq_after = implicit_sequence_rewards(token_rewards, mask)
@@ -346,8 +350,9 @@ class RLTrainer:
         return metrics
 
     def _prm_accuracy(self, seq_rewards, exp: Experience, key: str) -> dict[str, float]:
+        # Left out (not NaN) when no group has outcomes that differ: there is nothing to order.
         correct, pairs = prm_pairwise_counts(seq_rewards, exp.outcome_rewards, exp.group_ids)
-        return {key: float(correct) / float(pairs) if pairs else float("nan")}
+        return {key: float(correct) / float(pairs)} if pairs else {}
 
     def compute_advantages(self, exp: Experience, timing: dict[str, float]) -> dict[str, float]:
         a = self.cfg.algorithm
@@ -371,6 +376,7 @@ class RLTrainer:
             grpo_scale_by_std=a.grpo_scale_by_std,
             reinforce_baseline=a.reinforce_baseline,
             whiten=a.whiten,
+            process_max_abs_norm=a.process_max_abs_norm,
             kl=kl,
             kl_coef=a.kl_coef if kl is not None else 0.0,
         )
@@ -469,7 +475,7 @@ class RLTrainer:
         if self.critic is not None:
             models["critic"] = (self.critic, self.tokenizer)
             optimizers["critic"] = self.critic_opt
-        state = {"step": self.step, "sampler": self.sampler.state_dict(),
+        state = {"sampler": self.sampler.state_dict(),
                  "config": self.cfg.to_dict(), "history": self.history}
         return ckpt.save_checkpoint(self.run_dir, self.step, models=models, optimizers=optimizers,
                                     generators={"rollout": self.rollout_gen}, state=state,
