@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from primekit.data.problem import Problem
-from primekit.verifiers.math import MathVerifier, extract_answer
+from primekit.verifiers.math import MathVerifier, extract_answer, fast_equal
 
 TIMEOUT_S = 1.5
 
@@ -66,6 +66,34 @@ def test_patterns_need_one_group():
         MathVerifier(patterns=[r"answer is \S+"])
 
 
+@pytest.mark.parametrize(
+    ("gold", "answer", "expected"),
+    [
+        ("1/2", "\\frac{1}{2}", True),  # Fraction(1, 2) both
+        ("\\dfrac{3}{4}", "0.75", True),  # 3/4 == 75/100
+        ("-\\frac{2}{3}", "-2/3", True),
+        ("[1,3)", "\\left[1, 3\\right)", True),  # same string once spacing is gone
+        ("5", "5.0", True),
+        ("1/3", "0.333333", False),  # not exactly equal: left to math-verify
+        ("2", "-2", False),
+        ("1/0", "1/0", True),  # identical strings
+        ("1/0", "2", False),  # division by zero is not a number
+        ("x+1", "1+x", False),  # needs sympy
+        ("", "", False),
+    ],
+)
+def test_fast_equal_only_accepts_exact_matches(gold, answer, expected):
+    assert fast_equal(gold, answer) is expected
+
+
+@given(st.fractions(max_denominator=50), st.fractions(max_denominator=50))
+def test_fast_equal_agrees_with_exact_arithmetic(x, y):
+    def as_text(f):
+        return str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}"
+
+    assert fast_equal(as_text(x), as_text(y)) == (x == y)
+
+
 # -- golden verdicts --------------------------------------------------------------------------
 
 # (response, gold, expected correct?)
@@ -76,6 +104,7 @@ GOLDEN = [
     ("\\boxed{3}", "-3", False),
     ("\\boxed{1,000}", "1000", True),
     ("\\boxed{1000}", "1000", True),
+    ("\\boxed{1\\,000}", "1000", True),  # thin-space separator (math-verify alone says 1*0)
     ("\\boxed{10.0}", "10", True),
     ("\\boxed{100}", "1000", False),
     ("The answer is 42.", "42", True),

