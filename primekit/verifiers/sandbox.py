@@ -39,6 +39,7 @@ RUNNER = Path(__file__).with_name("sandbox_runner.py")
 UNSHARE_FLAGS = ["--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc", "--uts"]
 # The host's hard kill comes this long after the runner's own budget (interpreter start-up).
 GRACE_S = 0.75
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 Mode = Literal["assert", "io", "check"]
 
 
@@ -53,6 +54,8 @@ class SandboxLimits:
     file_size_mb: RLIMIT_FSIZE; open_files: RLIMIT_NOFILE.
     disk_mb: size of each tmpfs (working directory, /tmp, /var/tmp, /dev/shm).
     output_bytes: stdout kept per test; a stdin/stdout test that prints more fails.
+    total_memory_mb: memory cgroup limit for the whole sandbox, tmpfs pages included (None:
+        2 * memory_mb + 4 * disk_mb); applied only where a cgroup can be created (root).
     """
 
     timeout_s: float = 10.0
@@ -63,6 +66,7 @@ class SandboxLimits:
     open_files: int = 64
     disk_mb: int = 64
     output_bytes: int = 1 << 20
+    total_memory_mb: int | None = None
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -167,6 +171,7 @@ def run_program(
         return SandboxResult([], "ok", isolation="namespaces" if isolated else "none")
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="primekit-sbx-")
+    cgroups = _make_cgroups(Path(workdir).name, limits)
     try:
         job = {
             "code": code,
@@ -184,9 +189,11 @@ def run_program(
             "open_files": limits.open_files,
             "disk_mb": limits.disk_mb,
             "output_bytes": limits.output_bytes,
+            "cgroups": [str(c) for c in cgroups],
         }
         result = _launch(job, limits, isolated)
     finally:
+        _remove_cgroups(cgroups)
         shutil.rmtree(workdir, ignore_errors=True)
     result.wall_s = time.monotonic() - t0
     return result
@@ -244,6 +251,62 @@ def _kill_session(proc: subprocess.Popen) -> None:
         proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
         proc.communicate(timeout=2.0)
+
+
+def _make_cgroups(name: str, limits: SandboxLimits) -> list[Path]:
+    """Best effort: cgroup v1 memory and pids groups capping the whole sandbox (root only).
+
+    RLIMIT_AS is per process, so without this, max_processes processes could each take
+    memory_mb. The runner joins these groups before anything else, so every process of the
+    sandbox is in them, and `_remove_cgroups` can kill by membership.
+    """
+    if os.geteuid() != 0:
+        return []
+    total = limits.total_memory_mb or 2 * limits.memory_mb + 4 * limits.disk_mb
+    wanted = [
+        ("memory", "memory.limit_in_bytes", str(total * 1024 * 1024)),
+        ("pids", "pids.max", str(limits.max_processes + 16)),
+    ]
+    made = []
+    for controller, knob, value in wanted:
+        path = CGROUP_ROOT / controller / f"primekit-{name}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            (path / knob).write_text(value)
+        except OSError:
+            path.rmdir()
+            continue
+        made.append(path)
+    return made
+
+
+def _remove_cgroups(cgroups: list[Path]) -> None:
+    """SIGKILL anything still in the sandbox's cgroups, then remove them."""
+    for path in cgroups:
+        for _ in range(200):
+            try:
+                pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+        for _ in range(100):
+            try:
+                path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # the last killed processes are still exiting
+                time.sleep(0.01)
+        else:
+            log.warning("sandbox: could not remove cgroup %s", path)
 
 
 def _kill_uid(uid: int) -> None:

@@ -91,6 +91,42 @@ def test_memory_bomb():
     assert v.score == 0.0 and "MemoryError" in v.reason
 
 
+def test_many_processes_hogging_memory():
+    # Each process stays under RLIMIT_AS (256 MB) but together they would take 2.4 GB; the
+    # sandbox's memory cgroup (where available) caps the total and the OOM killer takes tests.
+    code = (
+        "import os, time\n"
+        "for _ in range(12):\n"
+        "    if os.fork() == 0:\n"
+        "        try:\n            hog = bytearray(200 * 2**20)\n        except MemoryError:\n"
+        "            pass\n"
+        "        time.sleep(10)\n"
+        "        os._exit(0)\n"
+        "time.sleep(10)\n"
+    )
+    v = run_hostile(code)
+    assert v.score == 0.0
+
+
+def test_sandbox_cgroups_are_created_capped_and_removed():
+    from primekit.verifiers.sandbox import SandboxLimits, _make_cgroups, _remove_cgroups
+
+    groups = _make_cgroups(
+        "pk-test-" + os.urandom(4).hex(), SandboxLimits(memory_mb=100, disk_mb=10)
+    )
+    if not groups:
+        pytest.skip("no writable cgroup v1 hierarchy here")
+    try:
+        limits = {g.parent.name: g for g in groups}
+        if "memory" in limits:  # 2 * 100 MB + 4 * 10 MB = 240 MB
+            assert int((limits["memory"] / "memory.limit_in_bytes").read_text()) == 240 * 2**20
+        if "pids" in limits:  # max_processes 64 + 16 for the runner's own
+            assert (limits["pids"] / "pids.max").read_text().strip() == "80"
+    finally:
+        _remove_cgroups(groups)
+    assert not any(g.exists() for g in groups)
+
+
 def test_infinite_loop_at_import():
     v = run_hostile("while True:\n    pass\n" + CORRECT_ADD)
     assert (v.status, v.score) == ("timeout", 0.0)
