@@ -70,7 +70,7 @@ class FilterConfig:
     enabled: bool = True
     lo: float = 0.2
     hi: float = 0.8
-    # Prompts sampled per round, as a multiple of the prompts still missing.
+    # Prompts sampled per round: missing groups x oversample / (keep rate so far in this step).
     oversample: float = 1.5
     # Rollout rounds per step before giving up filling the batch (with a warning).
     max_rounds: int = 4
@@ -88,6 +88,10 @@ class PRMConfig:
     mini_batch_size: int = 64  # sequences per PRM optimiser step (whole groups)
     micro_batch_size: int = 64
     grad_clip: float = 10.0
+    # Run independent phases on a second thread: the reference forward beside the old-policy and
+    # PRM forwards, and (single forward) the last PRM mini-batch's backward + optimiser step beside
+    # the policy update. Same numbers, less wall time; holds that mini-batch's PRM activations.
+    overlap: bool = False
 
 
 @dataclass
@@ -234,9 +238,9 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
+        is_null = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_null and type(None) in args:
+            return None
         errors = []
         for arg in args:
             if arg is type(None):

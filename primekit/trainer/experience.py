@@ -96,13 +96,6 @@ def row_inputs(batch: RolloutBatch, rows: torch.Tensor) -> tuple[torch.Tensor, t
     return input_ids, attention.long(), t
 
 
-def pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
-    """[n, t] -> [n, width] with zeros on the right."""
-    if x.size(1) == width:
-        return x
-    return torch.nn.functional.pad(x, (0, width - x.size(1)))
-
-
 def chunks(n: int, size: int, multiple: int = 1) -> Iterator[torch.Tensor]:
     """Row index chunks of `size` rows, rounded down to a multiple of `multiple` (whole groups)."""
     size = max(multiple, size // multiple * multiple)

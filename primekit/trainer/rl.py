@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from math import ceil
 from pathlib import Path
 
@@ -58,7 +59,6 @@ from primekit.trainer.experience import (
     batch_logprobs,
     batch_values,
     chunks,
-    pad_right,
     row_inputs,
     sequence_values,
 )
@@ -114,6 +114,9 @@ class RLTrainer:
                 trust_remote_code=m.trust_remote_code).to(self.device)
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
 
+        # A second thread for phases that do not depend on each other (prm.overlap).
+        self._pool = ThreadPoolExecutor(max_workers=1) if cfg.prm.overlap and self.prime else None
+        self._pending_prm: Future | None = None
         self.engine = self._build_engine()
         self.verifier = build_verifier(verifier_task(cfg))
         self.train_problems, self.eval_problems = load_splits(cfg)
@@ -125,6 +128,7 @@ class RLTrainer:
         self.step = 0
         self.history: list[dict] = []
         self.resumed_from: Path | None = None
+        self._warned_unfilled = False
         if resume:
             self._resume()
 
@@ -183,6 +187,9 @@ class RLTrainer:
         if self.critic is not None:
             metrics.update(self._timed(timing, "critic_update", self.update_critic, exp))
         metrics.update(self._timed(timing, "policy_update", self.update_policy, exp))
+        t0 = time.perf_counter()
+        self._join_prm(metrics)  # an overlapped PRM step finishes alongside the policy update
+        timing["prm_join_wait"] = time.perf_counter() - t0
         self.engine.sync_weights(self.policy)
         metrics.update(self.response_metrics(exp))
         timing["step"] = time.perf_counter() - t_step
@@ -206,7 +213,12 @@ class RLTrainer:
         while groups_kept < need and rounds < cfg.filter.max_rounds:
             rounds += 1
             missing = need - groups_kept
-            n_prompts = ceil(missing * cfg.filter.oversample) if cfg.filter.enabled else missing
+            n_prompts = missing
+            if cfg.filter.enabled:
+                # Refill rounds scale by the keep rate seen so far in this step, so a last
+                # missing group or two does not cost a round each.
+                rate = groups_kept / groups_seen if groups_seen else 1.0
+                n_prompts = ceil(missing * cfg.filter.oversample / max(rate, 0.1))
             idx = self.sampler.take(n_prompts)
             problems = [self.train_problems[i] for i in idx for _ in range(K)]  # [n*K]
             prompt_ids = [self.train_prompt_ids[i] for i in idx for _ in range(K)]
@@ -241,12 +253,14 @@ class RLTrainer:
             "_sampled_tokens": float(sampled_tokens),
         }
         metrics.update(verdict_stats(all_verdicts))
-        if groups_kept < need:
+        if groups_kept < need and not self._warned_unfilled:
+            self._warned_unfilled = True  # once per run; filter/groups_kept tracks every step
             warnings.warn(
                 f"step {self.step}: the online filter kept {groups_kept} of {need} prompt groups "
                 f"after {rounds} rounds (keep rate {metrics['filter/keep_rate']:.2f}); training on "
                 f"what was kept. Raise filter.max_rounds / filter.oversample, widen "
-                f"filter.lo/hi, or change the data difficulty.",
+                f"filter.lo/hi, or change the data difficulty. (Shown once; see the metric "
+                f"filter/groups_kept for later steps.)",
                 stacklevel=2,
             )
         if groups_kept == 0:
@@ -268,7 +282,7 @@ class RLTrainer:
         if cfg.policy.old_logprobs == "rollout":
             exp.old_logprobs = exp.batch.sampling_logprobs.float() * exp.response_mask
             timing["old_logprobs"] = 0.0
-        else:
+        elif self._pool is None or self.ref is None:
             exp.old_logprobs = self._timed(timing, "old_logprobs", batch_logprobs, self.policy,
                                            exp.batch, mb, self.device)
         if self.ref is not None:
@@ -276,17 +290,26 @@ class RLTrainer:
             ref_mb, multiple = mb, 1
             if self.prime:
                 ref_mb, multiple = cfg.prm.micro_batch_size, cfg.rollout.n_samples
-            exp.ref_logprobs = self._timed(timing, "ref_logprobs", batch_logprobs, self.ref,
-                                           exp.batch, ref_mb, self.device, multiple)
+            args = (timing, "ref_logprobs", batch_logprobs, self.ref, exp.batch, ref_mb,
+                    self.device, multiple)
+            if self._pool is not None:
+                exp.extra["ref_future"] = self._pool.submit(self._timed, *args)
+            else:
+                exp.ref_logprobs = self._timed(*args)
         else:
             exp.ref_logprobs = exp.old_logprobs
             timing["ref_logprobs"] = 0.0
+        if exp.old_logprobs is None:  # overlapped with the reference forward just submitted
+            exp.old_logprobs = self._timed(timing, "old_logprobs", batch_logprobs, self.policy,
+                                           exp.batch, mb, self.device)
 
     def update_prm(self, exp: Experience, timing: dict[str, float]) -> dict[str, float]:
         """PRM loss on this batch's outcomes; token rewards from the same forward (single forward).
 
         Under double forward the token rewards are re-scored by the updated PRM afterwards; with a
-        frozen PRM there is only the scoring forward.
+        frozen PRM there is only the scoring forward. With `prm.overlap` (single forward), the last
+        mini-batch's backward and optimiser step run on a second thread while the policy updates:
+        they are independent, as the token rewards were already read off the forward.
         """
         cfg, p = self.cfg, self.cfg.prm
         K = cfg.rollout.n_samples
@@ -298,47 +321,46 @@ class RLTrainer:
         online = p.update == "online"
         losses, grad_norms = [], []
         self.prm.train(online)
-        for mini in chunks(N, p.mini_batch_size, multiple=K):
+        minis = list(chunks(N, p.mini_batch_size, multiple=K))
+        for i, mini in enumerate(minis):
+            defer = online and p.overlap and p.forward == "single" and i == len(minis) - 1
             if online:
                 self.prm_opt.zero_grad(set_to_none=True)
+            forwards = []
             for rows in chunks(len(mini), p.micro_batch_size, multiple=K):
                 rows = mini[rows]
                 ids, attn, t = row_inputs(exp.batch, rows)
                 with torch.set_grad_enabled(online):
                     prm_lp, _ = sequence_logprobs(self.prm, ids.to(self.device),
                                                   attn.to(self.device), t)
-                prm_lp = prm_lp.float().cpu() if not online else prm_lp.float()
-                ref_lp = exp.ref_logprobs[rows, :t].to(prm_lp.device)
-                m = mask[rows, :t].to(prm_lp.device)
-                token_rewards[rows, :t] = implicit_token_rewards(
-                    prm_lp.detach(), ref_lp, m, p.beta).cpu()
-                if not online:
-                    continue
-                outcome = exp.outcome_rewards[rows].to(prm_lp.device)
-                if p.loss == "ce":
-                    loss, lm = prm_ce_loss(prm_lp, ref_lp, m, outcome, p.beta)
-                else:
-                    loss, lm = prm_dpo_loss(prm_lp, ref_lp, m, outcome,
-                                            exp.group_ids[rows].to(prm_lp.device), p.beta)
-                (loss * len(rows) / len(mini)).backward()
-                losses.append((float(loss.detach()), len(rows)))
-            if online:
-                self._sync_grads(self.prm)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.prm.parameters(),
-                                                                       p.grad_clip)))
-                self.prm_opt.step()
+                forwards.append((rows, t, prm_lp.float()))
+                if not defer:  # score and backpropagate now, freeing this micro-batch's graph
+                    loss = self._prm_piece(exp, forwards.pop(), token_rewards, online, len(mini))
+                    if loss is not None:
+                        loss.backward()
+                        losses.append((float(loss.detach()) * len(mini) / len(rows), len(rows)))
+            if defer:
+                # The reference forward may still be running on the other thread: wait for it
+                # only now, after the PRM forwards.
+                pieces = [self._prm_piece(exp, f, token_rewards, True, len(mini)) for f in forwards]
+                losses += [(float(x.detach()) * len(mini) / len(f[0]), len(f[0]))
+                           for x, f in zip(pieces, forwards)]
+                self._pending_prm = self._pool.submit(self._prm_backward_step, sum(pieces))
+            elif online:
+                grad_norms.append(self._prm_backward_step(None))
         timing["prm_update" if online else "prm_forward"] = time.perf_counter() - t0
         seq_before = implicit_sequence_rewards(token_rewards, mask)  # [N]
         metrics.update(self._prm_accuracy(seq_before, exp, "prm/acc_pairwise"))
         metrics["prm/acc_abs"] = float(prm_absolute_accuracy(seq_before, exp.outcome_rewards))
         if online:
             metrics["prm/loss"] = sum(v * n for v, n in losses) / sum(n for _, n in losses)
+        if grad_norms:
             metrics["prm/grad_norm"] = sum(grad_norms) / len(grad_norms)
         if online and p.forward == "double":
             self.prm.eval()
             t0 = time.perf_counter()
             prm_lp = batch_logprobs(self.prm, exp.batch, p.micro_batch_size, self.device, K)
-            token_rewards = implicit_token_rewards(prm_lp, exp.ref_logprobs, mask, p.beta)
+            token_rewards = implicit_token_rewards(prm_lp, self._ref(exp), mask, p.beta)
             timing["prm_rescore"] = time.perf_counter() - t0
             seq_after = implicit_sequence_rewards(token_rewards, mask)
             metrics.update(self._prm_accuracy(seq_after, exp, "prm/acc_pairwise_after"))
@@ -348,6 +370,49 @@ class RLTrainer:
         metrics["reward/implicit_seq_std"] = float(seq.std()) if len(seq) > 1 else 0.0
         metrics["reward/implicit_token_abs_mean"] = float(masked_mean(token_rewards.abs(), mask))
         return metrics
+
+    def _prm_piece(self, exp: Experience, forward, token_rewards: torch.Tensor, online: bool,
+                   mini_size: int) -> torch.Tensor | None:
+        """Token rewards of one micro-batch's PRM forward, and its share of the mini-batch loss."""
+        p = self.cfg.prm
+        rows, t, prm_lp = forward
+        ref_lp = self._ref(exp)[rows, :t].to(prm_lp.device)
+        m = exp.response_mask[rows, :t].to(prm_lp.device)
+        token_rewards[rows, :t] = implicit_token_rewards(prm_lp.detach(), ref_lp, m, p.beta).cpu()
+        if not online:
+            return None
+        outcome = exp.outcome_rewards[rows].to(prm_lp.device)
+        if p.loss == "ce":
+            loss, _ = prm_ce_loss(prm_lp, ref_lp, m, outcome, p.beta)
+        else:
+            loss, _ = prm_dpo_loss(prm_lp, ref_lp, m, outcome,
+                                   exp.group_ids[rows].to(prm_lp.device), p.beta)
+        return loss * len(rows) / mini_size
+
+    def _prm_backward_step(self, loss: torch.Tensor | None) -> float:
+        """Backward (unless already done), gradient all-reduce, clipping and one PRM step."""
+        if loss is not None:
+            loss.backward()
+        self._sync_grads(self.prm)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.prm.parameters(), self.cfg.prm.grad_clip))
+        self.prm_opt.step()
+        return norm
+
+    def _join_prm(self, metrics: dict[str, float] | None = None) -> None:
+        """Wait for an overlapped PRM step; its gradient norm joins `metrics`."""
+        if self._pending_prm is None:
+            return
+        norm = self._pending_prm.result()
+        self._pending_prm = None
+        if metrics is not None:
+            metrics["prm/grad_norm"] = norm
+
+    def _ref(self, exp: Experience) -> torch.Tensor:
+        """Reference log-probs, waiting for the overlapped reference forward if there is one."""
+        future = exp.extra.pop("ref_future", None)
+        if future is not None:
+            exp.ref_logprobs = future.result()
+        return exp.ref_logprobs
 
     def _prm_accuracy(self, seq_rewards, exp: Experience, key: str) -> dict[str, float]:
         # Left out (not NaN) when no group has outcomes that differ: there is nothing to order.
@@ -360,7 +425,7 @@ class RLTrainer:
         kl = None
         if a.estimator == "ppo" and a.kl_coef > 0:
             # PPO with a critic puts the KL penalty into the token rewards (Gao et al.'s setup).
-            kl = kl_penalty(exp.old_logprobs, exp.ref_logprobs, kind="k1")
+            kl = kl_penalty(exp.old_logprobs, self._ref(exp), kind="k1")
         exp.advantages, exp.returns, metrics = compute_advantages(
             a.estimator,
             outcome_rewards=exp.outcome_rewards,
@@ -408,7 +473,7 @@ class RLTrainer:
                     if a.entropy_coef > 0:
                         loss = loss + a.entropy_coef * ent_loss
                     if a.kl_coef > 0 and a.estimator != "ppo":
-                        kloss, km = kl_loss(lp, exp.ref_logprobs[rows, :t].to(lp.device), m,
+                        kloss, km = kl_loss(lp, self._ref(exp)[rows, :t].to(lp.device), m,
                                             kind=a.kl_kind, agg=cfg.loss_agg)
                         loss = loss + a.kl_coef * kloss
                         lm.update(km)

@@ -127,3 +127,23 @@ def test_resume_matches_uninterrupted_run(rl_config, tmp_path):
 
     assert stable(full_history[3]) == stable(resumed_history[-2])
     assert stable(full_history[-1]) == stable(resumed_history[-1])
+
+
+def test_overlap_gives_the_same_numbers_as_sequential(rl_config, tmp_path):
+    # prm.overlap moves the reference forward and the PRM's backward + step to a second thread;
+    # the arithmetic is unchanged, so parameters and metrics must match bit for bit.
+    runs = {}
+    for overlap in (False, True):
+        trainer = RLTrainer(rl_config("train.steps=2", "eval.k=1", f"prm.overlap={overlap}",
+                                      f"train.run_dir={tmp_path / str(overlap)}"))
+        trainer.verifier = ParityVerifier()
+        metrics = [trainer.train_step(), trainer.train_step()]
+        runs[overlap] = (trainer, metrics)
+    (seq, seq_metrics), (ovl, ovl_metrics) = runs[False], runs[True]
+    for name in ("policy", "prm"):
+        for a, b in zip(getattr(seq, name).parameters(), getattr(ovl, name).parameters()):
+            assert torch.equal(a, b), name
+    for a, b in zip(seq_metrics, ovl_metrics):
+        for key in a:
+            if not key.startswith(("timing/", "throughput/")):
+                assert a[key] == b[key], key

@@ -1,0 +1,85 @@
+"""PRIME vs outcome-only RLOO step time, side by side in one process.
+
+Both trainers start from the same SFT checkpoint and config (the demo's `configs/tiny.yaml` unless
+--config says otherwise); they differ only in `algorithm.reward_mode`. Steps alternate between the two
+(PRIME, RLOO, PRIME, ...) so that machine noise hits both alike; the first `--warmup` steps of each
+are not counted. Printed: the mean seconds per phase for each, and the ratio of their mean step times.
+
+Usage:
+    python benchmarks/step_time.py --policy runs/demo/sft [--steps 10] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from primekit.cli import resolve_config
+from primekit.config import load_config
+from primekit.trainer.rl import RLTrainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="tiny")
+    parser.add_argument("--policy", default="runs/demo/sft", help="SFT checkpoint to start from")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per trainer")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per trainer")
+    parser.add_argument("--run-dir", default="runs/bench-step-time")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    if not Path(args.policy).exists():
+        print(f"no SFT checkpoint at {args.policy}: run `primekit demo` or `primekit sft` first",
+              file=sys.stderr)
+        return 2
+
+    trainers = {}
+    for mode in ("prime", "outcome"):
+        cfg = load_config(resolve_config(args.config), [
+            f"model.policy={args.policy}", f"algorithm.reward_mode={mode}",
+            f"train.run_dir={args.run_dir}/{mode}", "train.tensorboard=false", *args.overrides])
+        trainers[mode] = RLTrainer(cfg)
+
+    timings: dict[str, list[dict[str, float]]] = {mode: [] for mode in trainers}
+    for step in range(args.warmup + args.steps):
+        for mode, trainer in trainers.items():
+            metrics = trainer.train_step()
+            if step >= args.warmup:
+                timings[mode].append({k.removeprefix("timing/"): v for k, v in metrics.items()
+                                      if k.startswith("timing/")})
+                timings[mode][-1]["rows"] = metrics.get("filter/groups_kept", 0.0)
+                timings[mode][-1]["rounds"] = metrics.get("filter/rounds", 0.0)
+        print(f"step {step + 1}/{args.warmup + args.steps}", file=sys.stderr)
+
+    phases = sorted({k for runs in timings.values() for t in runs for k in t} - {"step", "rows", "rounds"})
+    table = Table(title=f"seconds per step (mean of {args.steps}, after {args.warmup} warm-up)")
+    table.add_column("phase")
+    for mode in trainers:
+        table.add_column("PRIME" if mode == "prime" else "RLOO (outcome only)", justify="right")
+
+    def mean(mode: str, key: str) -> float:
+        return statistics.fmean(t.get(key, 0.0) for t in timings[mode])
+
+    for phase in phases:
+        table.add_row(phase, *(f"{mean(mode, phase):.3f}" for mode in trainers))
+    table.add_row("[bold]step", *(f"[bold]{mean(mode, 'step'):.3f}" for mode in trainers))
+    table.add_row("groups per step", *(f"{mean(mode, 'rows'):.1f}" for mode in trainers))
+    table.add_row("rollout rounds", *(f"{mean(mode, 'rounds'):.2f}" for mode in trainers))
+    console = Console()
+    console.print(table)
+    ratio = mean("prime", "step") / mean("outcome", "step")
+    console.print(f"PRIME / RLOO step time: {ratio:.3f}x  (paper, Table 2: 680.3 / 530.7 = 1.28x)")
+    cfg = trainers["prime"].cfg
+    console.print(f"config: {args.config}, prm.overlap={cfg.prm.overlap}, "
+                  f"prm.reference={cfg.prm.reference}, policy.old_logprobs={cfg.policy.old_logprobs}, "
+                  f"train.threads={cfg.train.threads}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
