@@ -1,4 +1,4 @@
-"""The `primekit` command line: sft, train, eval, demo.
+"""The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
 `tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`).
@@ -44,15 +44,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="greedy pass@1, avg@k and pass@k on held-out problems")
     _add_common(p)
     p.add_argument("--model", default=None, help="model to evaluate (default: model.policy)")
+    from primekit.reward_models.cli import add_subcommands
+
+    add_subcommands(sub)  # train-orm, train-prm, hack-check
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
     return parser
 
 
+def _quiet_transformers() -> None:
+    """transformers' per-load progress bars drown our own progress lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _quiet_transformers()
     try:
+        from primekit.reward_models.cli import dispatch
+
+        if dispatch(args):
+            return 0
         if args.command == "demo":
             from primekit.demo import run_demo
 

@@ -11,6 +11,7 @@ that computes its loss; with `prm.reference=rollout` the reference log-probs are
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +41,7 @@ from primekit.config import Config
 from primekit.logging import MetricLogger, Progress, console
 from primekit.models.hf import load_model, load_tokenizer
 from primekit.models.logprobs import sequence_logprobs
+from primekit.reward_models.diagnostics import reward_hacking_metrics
 from primekit.rollout.base import SamplingParams, concat_batches
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer.common import (
@@ -103,6 +105,12 @@ class RLTrainer:
                                                  weight_decay=cfg.prm.weight_decay)
             else:
                 self.prm.eval().requires_grad_(False)
+        # Explicit (frozen) ORM or step-level PRM as the dense reward (Gao et al.).
+        self.explicit = None
+        if a.reward_mode in ("orm", "prm"):
+            from primekit.reward_models.dense import ExplicitRewarder
+
+            self.explicit = ExplicitRewarder(cfg, self.tokenizer, self.device)
         self.critic = self.critic_opt = None
         if a.estimator == "ppo":
             from transformers import AutoModelForTokenClassification
@@ -180,6 +188,11 @@ class RLTrainer:
         self.score_logprobs(exp, timing)
         if self.prime:
             metrics.update(self.update_prm(exp, timing))
+        elif self.explicit is not None:
+            t0 = time.perf_counter()
+            exp.token_rewards, explicit_metrics = self.explicit.token_rewards(exp.batch)
+            timing["explicit_rm"] = time.perf_counter() - t0
+            metrics.update(explicit_metrics)
         if self.critic is not None:
             exp.values = self._timed(timing, "critic_values", batch_values, self.critic, exp.batch,
                                      self.cfg.policy.micro_batch_size, self.device)
@@ -192,6 +205,12 @@ class RLTrainer:
         timing["prm_join_wait"] = time.perf_counter() - t0
         self.engine.sync_weights(self.policy)
         metrics.update(self.response_metrics(exp))
+        hack = reward_hacking_metrics(
+            exp.batch.responses, step_delimiter=self.cfg.explicit.step_delimiter,
+            outcome_rewards=exp.outcome_rewards, token_rewards=exp.token_rewards,
+            response_mask=exp.response_mask)
+        # An undefined correlation (constant rewards) is left out, as other undefined metrics are.
+        metrics.update({k: v for k, v in hack.items() if math.isfinite(v)})
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
         n_tokens = float(exp.response_mask.sum())
@@ -435,8 +454,8 @@ class RLTrainer:
             values=exp.values,
             gamma=a.gamma,
             lam=a.lam,
-            process_coef=a.process_coef,
-            outcome_coef=a.outcome_coef,
+            process_coef=self.cfg.explicit.dense_coef if self.explicit else a.process_coef,
+            outcome_coef=self.cfg.explicit.success_coef if self.explicit else a.outcome_coef,
             rloo_variant=a.rloo_variant,
             grpo_scale_by_std=a.grpo_scale_by_std,
             reinforce_baseline=a.reinforce_baseline,
