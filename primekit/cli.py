@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             from primekit.trainer.eval import evaluate_checkpoint
 
             metrics = evaluate_checkpoint(cfg, args.model or cfg.model.policy)
-            print_table("evaluation", [metrics])
+            print_table(f"evaluation of {args.model or cfg.model.policy}",
+                        [{"metric": k, "value": v} for k, v in metrics.items()])
     except ConfigError as e:
         print(f"primekit: configuration error: {e}", file=sys.stderr)
         return 2
