@@ -251,6 +251,8 @@ def hack_check(
     from cfg.model.policy (source="sampled", one per problem, first `num_responses` found).
     The PRM is prm_path or cfg.explicit.prm; eta and the length penalty come from cfg.explicit.
     """
+    from rich.console import Console
+
     from primekit.logging import print_table
     from primekit.reward_models.heads import load_reward_model
     from primekit.trainer.common import encode_prompts, load_splits, resolve_device, verifier_task
@@ -310,15 +312,19 @@ def hack_check(
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    wide = Console(width=160)
+    wide = Console(width=160)  # the table is wider than a default 80-column pipe
     print_table(
         f"hack-check: mean dense return over {len(responses)} correct responses "
         f"(eta={e.eta}, length_penalty={e.length_penalty})",
         result.rows,
+        console=wide,
     )
     gains = result.max_gain()
     print_table(
         "largest gain of a variant over its original (> 0: the design can be hacked)",
         [{"design": d, "max_gain": g} for d, g in gains.items()],
+        console=wide,
     )
     (out / "hack_check.json").write_text(
         json.dumps(

@@ -1,0 +1,216 @@
+"""The three commands through the CLI seam, then every reward mode for two RL steps (tiny model).
+
+The reward models are trained by `train-orm` / `train-prm` themselves, for a handful of steps on a
+few problems; the tiny model is the random-init one (what matters here is that every path runs and
+that the explicit reward model stays frozen, not what it learned).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from primekit.reward_models.cli import add_subcommands, dispatch
+
+CONFIG = Path(__file__).resolve().parents[2] / "primekit" / "configs" / "tiny-explicit.yaml"
+HACK_KEYS = (
+    "hack/steps_per_response",
+    "hack/repeated_step_share",
+    "hack/repeated_ngram_share",
+    "hack/response_len_chars",
+)
+
+
+def _run(*argv: str) -> bool:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    return dispatch(parser.parse_args(list(argv)))
+
+
+def _common(policy: Path) -> list[str]:
+    return [
+        f"model.policy={policy}",
+        "rollout.max_new_tokens=16",
+        "data.num_train=50",
+        "data.num_eval=8",
+        "train.tensorboard=false",
+        "train.threads=0",
+    ]
+
+
+@pytest.fixture(scope="module")
+def work(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("explicit")
+    common = _common(tiny_model_dir)
+    assert _run(
+        "train-orm",
+        "--config",
+        str(CONFIG),
+        "--out-dir",
+        str(root / "orm"),
+        "--num-problems",
+        "6",
+        "--samples",
+        "2",
+        "--eval-problems",
+        "3",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "6",
+        "--all-groups",
+        *common,
+    )
+    assert _run(
+        "train-prm",
+        "--config",
+        str(CONFIG),
+        "--out-dir",
+        str(root / "prm"),
+        "--num-problems",
+        "3",
+        "--samples",
+        "2",
+        "--completions",
+        "2",
+        "--eval-problems",
+        "2",
+        "--epochs",
+        "1",
+        *common,
+    )
+    return root, common
+
+
+def test_train_orm_output(work):
+    root, _ = work
+    from transformers import AutoModelForTokenClassification
+
+    model = AutoModelForTokenClassification.from_pretrained(root / "orm")
+    assert model.config.num_labels == 1
+    summary = json.loads((root / "orm" / "train_metrics.json").read_text())["summary"]
+    assert summary["orm/train_responses"] == 12 and summary["orm/heldout/count"] == 6
+    assert math.isfinite(summary["orm/loss_train_last_epoch"])
+
+
+def test_train_prm_output(work):
+    root, _ = work
+    meta = json.loads((root / "prm" / "train_metrics.json").read_text())
+    s = meta["summary"]
+    assert meta["n_completions"] == 2 and s["step_prm/train_responses"] == 6
+    assert 0.0 <= s["step_prm/heldout/acc"] <= 1.0
+    rows = [json.loads(x) for x in (root / "prm" / "labels_heldout.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for r in rows:
+        assert len(r["steps"]) == len(r["label"]) == len(r["prm_prob"])
+        assert "".join(r["steps"]) == r["response"]
+        assert set(r["label"]) <= {0.0, 1.0}
+
+
+def test_hack_check_command(work, capsys):
+    root, common = work
+    out = root / "hack"
+    assert _run(
+        "hack-check",
+        "--config",
+        str(CONFIG),
+        "--prm",
+        str(root / "prm"),
+        "--out-dir",
+        str(out),
+        "--num-responses",
+        "3",
+        "--max-repeats",
+        "2",
+        *common,
+    )
+    report = json.loads((out / "hack_check.json").read_text())
+    assert report["responses"] == 3 and len(report["rows"]) == 1 + 3 * 2
+    assert report["max_gain"]["PR-Delta"] <= 1e-5
+    assert all(r["PR-Clip"] <= 0 for r in report["rows"])
+    assert (out / "hack_check.png").stat().st_size > 1000
+    assert "PR-Clip-Delta" in capsys.readouterr().out
+
+
+def test_dispatch_leaves_other_commands_alone():
+    assert dispatch(argparse.Namespace(command="train")) is False
+
+
+def _wired() -> bool:
+    from primekit.trainer import rl
+
+    return "ExplicitRewarder" in inspect.getsource(
+        rl
+    ) and "reward_hacking_metrics" in inspect.getsource(rl)
+
+
+MODES = {
+    "SR": ("algorithm.reward_mode=outcome",),
+    "SR+OR": ("algorithm.reward_mode=orm", "explicit.transform=none"),
+    "SR+PR": ("explicit.transform=none",),
+    "SR+PR-Clip": ("explicit.transform=clip",),
+    "SR+PR-Delta": ("explicit.transform=delta",),
+    "SR+PR-Clip-Delta": ("explicit.transform=clip-delta",),
+    "SR+PR-Normed": ("explicit.transform=normed",),
+    "SR+PR-LenNorm": ("explicit.transform=length-norm",),
+    "SR+PR-LenPenalty": ("explicit.transform=length-penalty",),
+    "PRIME": ("algorithm.reward_mode=prime", "algorithm.estimator=rloo", "algorithm.kl_coef=0"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_reward_mode_two_rl_steps(work, mode, tmp_path):
+    if not _wired():
+        pytest.skip(
+            "primekit/trainer/rl.py does not call ExplicitRewarder / reward_hacking_metrics yet"
+        )
+    from primekit.config import load_config
+    from primekit.reward_models.dense import ExplicitRewarder
+    from primekit.trainer.rl import RLTrainer
+
+    root, common = work
+    cfg = load_config(
+        CONFIG,
+        [
+            *common,
+            f"explicit.orm={root / 'orm'}",
+            f"explicit.prm={root / 'prm'}",
+            f"train.run_dir={tmp_path / 'run'}",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "rollout.n_samples=2",
+            "eval.num_problems=2",
+            "eval.k=1",
+            "policy.mini_batch_size=4",
+            *MODES[mode],
+        ],
+    )
+    trainer = RLTrainer(cfg)
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    rewarders = [v for v in vars(trainer).values() if isinstance(v, ExplicitRewarder)]
+    assert len(rewarders) == (1 if cfg.algorithm.reward_mode in ("orm", "prm") else 0)
+    rm_before = [p.detach().clone() for r in rewarders for p in r.model.parameters()]
+    history = trainer.train()
+    steps = [m for m in history if "policy/loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        for key in HACK_KEYS:
+            assert key in m, key
+        assert math.isfinite(m["hack/steps_per_response"]) and m["hack/steps_per_response"] >= 1
+        if mode == "SR":  # no dense reward: NaN, or left out of the line (docs/metrics.md)
+            assert math.isnan(m.get("hack/dense_return_mean", math.nan))
+        else:
+            assert math.isfinite(m["hack/dense_return_mean"])
+        if "Clip" in mode:
+            assert m["hack/dense_return_mean"] <= 1e-6
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.policy.parameters()))
+    rm_after = [p.detach() for r in rewarders for p in r.model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(rm_before, rm_after))
+    assert all(not p.requires_grad for r in rewarders for p in r.model.parameters())
