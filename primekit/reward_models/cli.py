@@ -71,7 +71,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         "train-prm", help="sample, label steps by Monte-Carlo completion, train a step-level PRM"
     )
     _add_common(p)
-    _add_sampling(p, problems=256, samples=2, eval_problems=64, epochs=4, lr=3e-4)
+    _add_sampling(p, problems=192, samples=2, eval_problems=48, epochs=6, lr=3e-4)
     p.add_argument("--out-dir", default="runs/explicit/prm", help="where the PRM is saved")
     p.add_argument(
         "--completer",

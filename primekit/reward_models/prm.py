@@ -111,11 +111,11 @@ def train_prm(
     out_dir: str | Path,
     model_path: str | None = None,
     completer_path: str | None = None,
-    num_problems: int = 256,
+    num_problems: int = 192,
     samples: int = 2,
     n_completions: int = 8,
-    eval_problems: int = 64,
-    epochs: int = 4,
+    eval_problems: int = 48,
+    epochs: int = 6,
     lr: float = 3e-4,
     batch_size: int = 64,
     label: str = "hard",
@@ -220,6 +220,12 @@ def train_prm(
     summary.update(binary_metrics(probs[m], y[m], "step_prm/heldout"))
     mid = m & ~by_outcome
     summary.update(binary_metrics(probs[mid], y[mid], "step_prm/heldout_mc_steps"))
+    # Where the PRM's probabilities lie: the scale on which explicit.eta (Clip) is chosen.
+    for name, sel in (("all", m), ("label1", m & y), ("label0", m & ~y)):
+        if bool(sel.any()):
+            q = torch.quantile(probs[sel].float(), torch.tensor([0.25, 0.5, 0.75]))
+            for p, v in zip((25, 50, 75), q.tolist()):
+                summary[f"step_prm/heldout_prob_{name}_p{p}"] = v
     summary["step_prm/wall_s"] = time.perf_counter() - start
     out = save_model(model, setup.tokenizer, out_dir)
     summary["step_prm/out_dir"] = str(out)

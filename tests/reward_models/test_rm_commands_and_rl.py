@@ -106,6 +106,7 @@ def test_train_prm_output(work):
     s = meta["summary"]
     assert meta["n_completions"] == 2 and s["step_prm/train_responses"] == 6
     assert 0.0 <= s["step_prm/heldout/acc"] <= 1.0
+    assert 0.0 <= s["step_prm/heldout_prob_all_p25"] <= s["step_prm/heldout_prob_all_p75"] <= 1.0
     rows = [json.loads(x) for x in (root / "prm" / "labels_heldout.jsonl").read_text().splitlines()]
     assert len(rows) == 4
     for r in rows:
