@@ -36,6 +36,7 @@ __all__ = [
     "design_returns",
     "hack_check",
     "make_variant",
+    "plot_hack_check",
     "run_hack_check",
 ]
 
