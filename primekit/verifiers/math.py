@@ -277,7 +277,8 @@ class MathVerifier:
 
 def _to_verdict(status: str, value: object, timeout_s: float) -> Verdict:
     if status == "timeout":
-        return Verdict.timeout(f"math grading exceeded {timeout_s:g}s")
+        reason = value if isinstance(value, str) else f"math grading exceeded {timeout_s:g}s"
+        return Verdict.timeout(reason)
     if status == "error":
         return Verdict.error(str(value))
     verdict_status, reason = value  # type: ignore[misc]

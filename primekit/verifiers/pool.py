@@ -176,6 +176,10 @@ class DeadlinePool:
         pool = self._checkout(min(self.workers, n))
         pending = deque(range(n))
         busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (item index, deadline)
+        # While no worker is ready (all are starting, e.g. replacing killed ones), the item at the
+        # head of the queue spends its own time limit waiting: a call never blocks past its limit
+        # because a worker is slow to start. Waiting for a busy worker does not count.
+        starved_since: float | None = None
         try:
             while pending or busy:
                 now = time.monotonic()
@@ -187,10 +191,24 @@ class DeadlinePool:
                         except Exception as e:  # unpicklable item or a dead pipe
                             results[i] = ("error", f"could not send item: {type(e).__name__}")
                             continue
-                        busy[w] = (i, now + timeout_s)
+                        start = now if starved_since is None else starved_since
+                        busy[w] = (i, start + timeout_s)
+                        starved_since = None
                 if not pending and not busy:
                     break
+                if pending and pool and not any(w.ready for w in pool):
+                    if starved_since is None:
+                        starved_since = now
+                    elif now >= starved_since + timeout_s:
+                        results[pending.popleft()] = (
+                            "timeout", "no grading worker became ready within the time limit")
+                        starved_since = now if pending else None
+                        continue
+                else:
+                    starved_since = None
                 deadlines = [d for _, d in busy.values()]
+                if starved_since is not None:
+                    deadlines.append(starved_since + timeout_s)
                 deadlines += [w.started + self.start_timeout_s for w in pool if not w.ready]
                 wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
                 conns = {w.outbox: w for w in pool}
