@@ -1,7 +1,8 @@
 """The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
-`tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`).
+`tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`), given
+after the command's flags.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                         [{"metric": k, "value": v} for k, v in metrics.items()])
     except ConfigError as e:
         print(f"primekit: configuration error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:  # bad data rows, missing model directories, ...
+        print(f"primekit: error: {e}", file=sys.stderr)
         return 2
     return 0
 

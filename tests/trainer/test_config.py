@@ -54,3 +54,13 @@ def test_cli_reports_config_errors(capsys):
     assert "prm.betta: unknown field" in capsys.readouterr().err
     assert main(["train", "--config", "nope"]) == 2
     assert "--config: 'nope'" in capsys.readouterr().err
+
+
+def test_cli_reports_a_malformed_dataset_row(tmp_path, capsys):
+    data = tmp_path / "problems.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": [4]}\n')
+    code = main(["sft", "--config", "tiny", "data.source=file", "data.task=arithmetic",
+                 f"data.train_path={data}", "sft.steps=1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "problems.jsonl line 2" in err and "'answer'" in err
