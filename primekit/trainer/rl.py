@@ -384,7 +384,7 @@ class RLTrainer:
             seq_after = implicit_sequence_rewards(token_rewards, mask)
             metrics.update(self._prm_accuracy(seq_after, exp, "prm/acc_pairwise_after"))
         exp.token_rewards = token_rewards
-        seq = implicit_sequence_rewards(token_rewards, mask)
+        seq = seq_after if online and p.forward == "double" else seq_before  # [N]
         metrics["reward/implicit_seq_mean"] = float(seq.mean())
         metrics["reward/implicit_seq_std"] = float(seq.std()) if len(seq) > 1 else 0.0
         metrics["reward/implicit_token_abs_mean"] = float(masked_mean(token_rewards.abs(), mask))
