@@ -92,6 +92,12 @@ class PRMConfig:
     # PRM forwards, and (single forward) the last PRM mini-batch's backward + optimiser step beside
     # the policy update. Same numbers, less wall time; holds that mini-batch's PRM activations.
     overlap: bool = False
+    # Score each rollout round's kept groups (reference and PRM forwards) as soon as the round is
+    # verified, instead of the whole batch after collection; with `overlap` this runs on the second
+    # thread beside the next round's rollout. Applies under single forward when one PRM mini-batch
+    # holds the whole step (mini_batch_size >= prompts_per_step * K), where the PRM's weights
+    # cannot change between rounds; otherwise the batch is scored after collection.
+    score_per_round: bool = True
 
 
 @dataclass

@@ -125,6 +125,14 @@ class RLTrainer:
         # A second thread for phases that do not depend on each other (prm.overlap).
         self._pool = ThreadPoolExecutor(max_workers=1) if cfg.prm.overlap and self.prime else None
         self._pending_prm: Future | None = None
+        # prm.score_per_round: one PRM mini-batch holds the whole step, so the PRM cannot change
+        # between rollout rounds and each round can be scored as soon as it is verified.
+        p = cfg.prm
+        rows_per_step = ceil(cfg.train.prompts_per_step / dist.world_size()) * cfg.rollout.n_samples
+        prm_mini_rows = max(cfg.rollout.n_samples,
+                            p.mini_batch_size // cfg.rollout.n_samples * cfg.rollout.n_samples)
+        self._round_scoring = (self.prime and p.score_per_round and p.forward == "single"
+                               and prm_mini_rows >= rows_per_step)
         self.engine = self._build_engine()
         self.verifier = build_verifier(verifier_task(cfg))
         self.train_problems, self.eval_problems = load_splits(cfg)
@@ -226,6 +234,9 @@ class RLTrainer:
         params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                 max_new_tokens=cfg.rollout.max_new_tokens)
         kept_batches, kept_problems, kept_verdicts = [], [], []
+        round_scores: list[tuple[int, dict]] = []  # (first row in the batch, forward handles)
+        if self._round_scoring:
+            self.prm.train(self.cfg.prm.update == "online")
         sampled_scores, all_verdicts, sampled_tokens = [], [], 0
         groups_seen = groups_kept = rounds = 0
         timing["rollout"] = timing["verify"] = 0.0
@@ -259,7 +270,11 @@ class RLTrainer:
                 keep = torch.ones(len(scores), dtype=torch.bool)
             rows = keep.nonzero().squeeze(1)[: missing * K]  # whole groups, contiguous
             if rows.numel():
-                kept_batches.append(batch.select(rows))
+                kept = batch.select(rows)
+                if self._round_scoring:
+                    last = groups_kept + rows.numel() // K >= need or rounds >= cfg.filter.max_rounds
+                    round_scores.append((len(kept_problems), self._score_round(kept, last)))
+                kept_batches.append(kept)
                 kept_problems += [problems[i] for i in rows.tolist()]
                 kept_verdicts += [verdicts[i] for i in rows.tolist()]
                 groups_kept += rows.numel() // K
@@ -290,9 +305,57 @@ class RLTrainer:
         exp = Experience(batch=batch, problems=kept_problems, verdicts=kept_verdicts,
                          group_ids=torch.arange(groups_kept).repeat_interleave(K),
                          outcome_rewards=outcome)
+        if round_scores:
+            exp.extra["round_scores"] = round_scores
         metrics["reward/outcome_mean"] = float(outcome.mean())
         metrics["train/skipped"] = 0.0
         return exp, metrics
+
+    def _score_round(self, batch, last: bool) -> dict:
+        """Reference and PRM forwards of one rollout round's kept rows (prm.score_per_round).
+
+        Chunked exactly as `update_prm` chunks (micro-batches of whole groups, the same rows for
+        both models), so an untouched PRM still scores exactly zero. With `prm.overlap` both run on
+        the second thread while the next round rolls out; after the last round the PRM forward runs
+        here, beside the reference forward on the other thread. Returns {"ref"?, "prm"}: each a
+        Future or the value of `_forward_chunks`.
+        """
+        handles = {}
+        if self.ref is not None:
+            handles["ref"] = self._maybe_async(self._forward_chunks, self.ref, batch, False)
+        handles["prm"] = self._maybe_async(self._forward_chunks, self.prm, batch,
+                                           self.cfg.prm.update == "online", inline=last)
+        return handles
+
+    def _maybe_async(self, fn, *args, inline: bool = False):
+        return fn(*args) if inline or self._pool is None else self._pool.submit(fn, *args)
+
+    def _forward_chunks(self, model, batch, grad: bool) -> tuple[list, float]:
+        """Per-token log-probs of `batch` in PRM micro-batches: ([(rows, t, logprobs [n, t])], s).
+
+        With `grad` the log-probs keep their graph (the PRM's loss backpropagates through them).
+        """
+        t0 = time.perf_counter()
+        out = []
+        for rows in chunks(len(batch.responses), self.cfg.prm.micro_batch_size,
+                           multiple=self.cfg.rollout.n_samples):
+            ids, attn, t = row_inputs(batch, rows)
+            with torch.set_grad_enabled(grad):
+                lp, _ = sequence_logprobs(model, ids.to(self.device), attn.to(self.device), t)
+            out.append((rows, t, lp.float() if grad else lp.float().cpu()))
+        return out, time.perf_counter() - t0
+
+    @staticmethod
+    def _round_results(exp: Experience, key: str) -> tuple[list, float]:
+        """The forwards of every round for `key` ("ref" or "prm"), rows offset into the batch,
+        and their compute seconds (wherever they ran), waiting for any still running."""
+        out, seconds = [], 0.0
+        for offset, handles in exp.extra["round_scores"]:
+            handle = handles[key]
+            forwards, spent = handle.result() if isinstance(handle, Future) else handle
+            out += [(rows + offset, t, lp) for rows, t, lp in forwards]
+            seconds += spent
+        return out, seconds
 
     def score_logprobs(self, exp: Experience, timing: dict[str, float]) -> None:
         """Old-policy log-probs (for the PPO ratio) and reference log-probs (for the PRM / KL)."""
@@ -304,7 +367,15 @@ class RLTrainer:
         elif self._pool is None or self.ref is None:
             exp.old_logprobs = self._timed(timing, "old_logprobs", batch_logprobs, self.policy,
                                            exp.batch, mb, self.device)
-        if self.ref is not None:
+        if self.ref is not None and "round_scores" in exp.extra:
+            t0 = time.perf_counter()
+            forwards, timing["ref_logprobs"] = self._round_results(exp, "ref")
+            timing["ref_wait"] = time.perf_counter() - t0
+            exp.ref_logprobs = torch.zeros(exp.batch.response_ids.shape)  # [N, T]
+            for rows, t, lp in forwards:
+                exp.ref_logprobs[rows, :t] = lp
+            exp.ref_logprobs *= exp.response_mask
+        elif self.ref is not None:
             # Chunked like the PRM's forward, so an untouched PRM gives exactly zero rewards.
             ref_mb, multiple = mb, 1
             if self.prime:
@@ -340,7 +411,20 @@ class RLTrainer:
         online = p.update == "online"
         losses, grad_norms = [], []
         self.prm.train(online)
-        minis = list(chunks(N, p.mini_batch_size, multiple=K))
+        minis = [] if "round_scores" in exp.extra else list(chunks(N, p.mini_batch_size, multiple=K))
+        if not minis:  # scored round by round during collection (prm.score_per_round)
+            t1 = time.perf_counter()
+            forwards, timing["prm_forward_compute"] = self._round_results(exp, "prm")
+            timing["prm_forward_wait"] = time.perf_counter() - t1
+            pieces = [self._prm_piece(exp, f, token_rewards, online, N) for f in forwards]
+            if online:
+                losses += [(float(x.detach()) * N / len(f[0]), len(f[0]))
+                           for x, f in zip(pieces, forwards)]
+                self.prm_opt.zero_grad(set_to_none=True)
+                if p.overlap:
+                    self._pending_prm = self._pool.submit(self._prm_backward_step, sum(pieces))
+                else:
+                    grad_norms.append(self._prm_backward_step(sum(pieces)))
         for i, mini in enumerate(minis):
             defer = online and p.overlap and p.forward == "single" and i == len(minis) - 1
             if online:

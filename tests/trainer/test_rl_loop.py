@@ -60,18 +60,63 @@ def test_prime_two_steps_change_policy_and_prm_and_checkpoint_loads(rl_config):
             assert torch.equal(value, live[key].detach()), key
 
 
-def test_process_rewards_are_exactly_zero_at_initialisation(rl_config):
+# The online filter on (keeping only groups with 3 of 4 parity-correct samples): several rollout rounds per
+# step, so per-round scoring (prm.score_per_round) scores the batch in pieces.
+MULTI_ROUND = ("filter.enabled=true", "filter.lo=0.75", "filter.hi=0.75", "filter.oversample=1.5",
+               "filter.max_rounds=8")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("prm.score_per_round=false",), ("prm.score_per_round=true",),
+     ("prm.score_per_round=true", "prm.overlap=true", *MULTI_ROUND)],
+    ids=["whole-batch", "per-round", "per-round-overlap-multi-round"],
+)
+def test_process_rewards_are_exactly_zero_at_initialisation(rl_config, extra):
     # PRM, reference and policy all start from the SFT checkpoint, so beta * (log pi_prm -
     # log pi_ref) is exactly 0 for every token of the first batch scored before any PRM update
-    # (one PRM mini-batch holds the whole batch: 4 prompts x 4 samples = 16 rows).
-    trainer = RLTrainer(rl_config())
+    # (one PRM mini-batch holds the whole batch: 4 prompts x 4 samples = 16 rows), whether the
+    # batch is scored whole or round by round, in one thread or two.
+    trainer = RLTrainer(rl_config(*extra))
+    trainer.verifier = ParityVerifier()
     timing: dict[str, float] = {}
-    exp, _ = trainer.collect(timing)
+    exp, metrics = trainer.collect(timing)
+    assert ("round_scores" in exp.extra) == ("prm.score_per_round=true" in extra)
+    if MULTI_ROUND[0] in extra:
+        assert metrics["filter/rounds"] >= 2 and len(exp.extra["round_scores"]) >= 2
     trainer.score_logprobs(exp, timing)
     metrics = trainer.update_prm(exp, timing)
+    trainer._join_prm()
     assert exp.response_mask.sum() > 0
     assert torch.count_nonzero(exp.token_rewards) == 0
     assert metrics["reward/implicit_token_abs_mean"] == 0.0
+
+
+def test_per_round_scoring_matches_whole_batch_scoring(rl_config, tmp_path):
+    # Scoring each rollout round's groups as they arrive changes only how rows are padded into
+    # micro-batches, not the arithmetic: one step from the same rollouts gives the same PRM loss,
+    # token rewards and updated weights up to float rounding.
+    runs = {}
+    for per_round in (False, True):
+        trainer = RLTrainer(rl_config("train.steps=1", *MULTI_ROUND,
+                                      f"prm.score_per_round={per_round}",
+                                      f"train.run_dir={tmp_path / str(per_round)}"))
+        trainer.verifier = ParityVerifier()
+        timing: dict[str, float] = {}
+        exp, metrics = trainer.collect(timing)
+        assert metrics["filter/rounds"] >= 2
+        trainer.score_logprobs(exp, timing)
+        metrics.update(trainer.update_prm(exp, timing))
+        trainer._join_prm()
+        runs[per_round] = (trainer, exp, metrics)
+    (whole, whole_exp, whole_m), (rounds, rounds_exp, rounds_m) = runs[False], runs[True]
+    assert torch.equal(whole_exp.batch.response_ids, rounds_exp.batch.response_ids)
+    assert "round_scores" in rounds_exp.extra and "round_scores" not in whole_exp.extra
+    assert rounds_m["prm/loss"] == pytest.approx(whole_m["prm/loss"], rel=1e-5)
+    torch.testing.assert_close(rounds_exp.ref_logprobs, whole_exp.ref_logprobs)
+    torch.testing.assert_close(rounds_exp.token_rewards, whole_exp.token_rewards)
+    for a, b in zip(whole.prm.parameters(), rounds.prm.parameters()):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize(
@@ -129,13 +174,17 @@ def test_resume_matches_uninterrupted_run(rl_config, tmp_path):
     assert stable(full_history[-1]) == stable(resumed_history[-1])
 
 
-def test_overlap_gives_the_same_numbers_as_sequential(rl_config, tmp_path):
-    # prm.overlap moves the reference forward and the PRM's backward + step to a second thread;
-    # the arithmetic is unchanged, so parameters and metrics must match bit for bit.
+@pytest.mark.parametrize(
+    "extra", [("prm.score_per_round=false",), ("prm.score_per_round=true", *MULTI_ROUND)],
+    ids=["whole-batch", "per-round-multi-round"])
+def test_overlap_gives_the_same_numbers_as_sequential(rl_config, tmp_path, extra):
+    # prm.overlap moves the reference forward, the PRM's backward + step and (per-round scoring)
+    # the forwards of all but the last rollout round to a second thread; the arithmetic is
+    # unchanged, so parameters and metrics must match bit for bit.
     runs = {}
     for overlap in (False, True):
         trainer = RLTrainer(rl_config("train.steps=2", "eval.k=1", f"prm.overlap={overlap}",
-                                      f"train.run_dir={tmp_path / str(overlap)}"))
+                                      f"train.run_dir={tmp_path / str(overlap)}", *extra))
         trainer.verifier = ParityVerifier()
         metrics = [trainer.train_step(), trainer.train_step()]
         runs[overlap] = (trainer, metrics)
