@@ -178,8 +178,8 @@ class RLTrainer:
                                     prm_acc=metrics.get("prm/acc_pairwise", "-"))
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
-            final = self.evaluate()
-            logger.log(dist.reduce_metrics(final), step=self.step)
+            final = dist.reduce_metrics(self.evaluate())
+            logger.log(final, step=self.step)
             self.history.append(final)
             self.save()
         finally:
@@ -278,10 +278,22 @@ class RLTrainer:
                 kept_problems += [problems[i] for i in rows.tolist()]
                 kept_verdicts += [verdicts[i] for i in rows.tolist()]
                 groups_kept += rows.numel() // K
+        keep_rate = groups_kept / max(groups_seen, 1)
+        if dist.world_size() > 1:
+            # Every rank must take the same number of optimiser steps, each ending in a gradient
+            # all-reduce: all train on the smallest number of groups any rank kept (0: all skip).
+            common = int(dist.reduce_metrics({"groups": groups_kept}, op="min")["groups"])
+            if common < groups_kept:
+                groups_kept = common
+                kept_problems = kept_problems[: common * K]
+                kept_verdicts = kept_verdicts[: common * K]
+                round_scores = []  # scored rows no longer match: score the batch whole instead
+                kept_batches = [concat_batches(kept_batches, pad_id=self.tokenizer.pad_token_id)
+                                .select(torch.arange(common * K))] if common else []
         sampled = torch.cat(sampled_scores)
         metrics = {
             "reward/outcome_mean_sampled": float(sampled.mean()),
-            "filter/keep_rate": groups_kept / max(groups_seen, 1),
+            "filter/keep_rate": keep_rate,
             "filter/rounds": float(rounds),
             "filter/groups_kept": float(groups_kept),
             "_sampled_tokens": float(sampled_tokens),
@@ -422,7 +434,7 @@ class RLTrainer:
                            for x, f in zip(pieces, forwards)]
                 self.prm_opt.zero_grad(set_to_none=True)
                 if p.overlap:
-                    self._pending_prm = self._pool.submit(self._prm_backward_step, sum(pieces))
+                    self._pending_prm = self._submit_prm_backward(sum(pieces))
                 else:
                     grad_norms.append(self._prm_backward_step(sum(pieces)))
         for i, mini in enumerate(minis):
@@ -448,7 +460,7 @@ class RLTrainer:
                 pieces = [self._prm_piece(exp, f, token_rewards, True, len(mini)) for f in forwards]
                 losses += [(float(x.detach()) * len(mini) / len(f[0]), len(f[0]))
                            for x, f in zip(pieces, forwards)]
-                self._pending_prm = self._pool.submit(self._prm_backward_step, sum(pieces))
+                self._pending_prm = self._submit_prm_backward(sum(pieces))
             elif online:
                 grad_norms.append(self._prm_backward_step(None))
         timing["prm_update" if online else "prm_forward"] = time.perf_counter() - t0
@@ -492,10 +504,24 @@ class RLTrainer:
                                    exp.group_ids[rows].to(prm_lp.device), p.beta)
         return loss * len(rows) / mini_size
 
-    def _prm_backward_step(self, loss: torch.Tensor | None) -> float:
-        """Backward (unless already done), gradient all-reduce, clipping and one PRM step."""
+    def _submit_prm_backward(self, loss: torch.Tensor) -> Future:
+        """The PRM's backward (and, in a single process, its step) on the second thread.
+
+        With several ranks the gradient all-reduce and the step wait for `_join_prm` on the main
+        thread: collectives issued from two threads could interleave in a different order on
+        each rank, and gloo / NCCL match them by order.
+        """
+        single = dist.world_size() == 1
+        return self._pool.submit(self._prm_backward_step, loss, single)
+
+    def _prm_backward_step(self, loss: torch.Tensor | None, step: bool = True) -> float | None:
+        """Backward (unless already done), then with `step` the gradient all-reduce, clipping and
+        one PRM optimiser step (returns the gradient norm)."""
         if loss is not None:
             loss.backward()
+        return self._prm_step() if step else None
+
+    def _prm_step(self) -> float:
         self._sync_grads(self.prm)
         norm = float(torch.nn.utils.clip_grad_norm_(self.prm.parameters(), self.cfg.prm.grad_clip))
         self.prm_opt.step()
@@ -507,6 +533,8 @@ class RLTrainer:
             return
         norm = self._pending_prm.result()
         self._pending_prm = None
+        if norm is None:  # backward only (several ranks): all-reduce and step on this thread
+            norm = self._prm_step()
         if metrics is not None:
             metrics["prm/grad_norm"] = norm
 
