@@ -8,6 +8,7 @@ after the command's flags.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_transformers()
     try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command not in ("train", "eval"):
+            raise ConfigError(f"primekit {args.command} runs in a single process; under torchrun "
+                              "only `primekit train` and `primekit eval` are data-parallel")
         from primekit.reward_models.cli import dispatch
 
         if dispatch(args):
@@ -75,21 +79,17 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(Path(args.run_dir), args.overrides)
             return 0
         cfg = load_config(resolve_config(args.config), args.overrides)
+        if args.command in ("train", "eval"):
+            # Data-parallel under torchrun: one process per device, joined here.
+            from primekit import distributed as dist
+
+            with dist.process_group_from_env():
+                _run_distributed_command(args, cfg)
+            return 0
         if args.command == "sft":
             from primekit.trainer.sft import run_sft
 
             print(run_sft(cfg))
-        elif args.command == "train":
-            from primekit.trainer.rl import RLTrainer
-
-            RLTrainer(cfg, resume=args.resume).train()
-        elif args.command == "eval":
-            from primekit.logging import print_table
-            from primekit.trainer.eval import evaluate_checkpoint
-
-            metrics = evaluate_checkpoint(cfg, args.model or cfg.model.policy)
-            print_table(f"evaluation of {args.model or cfg.model.policy}",
-                        [{"metric": k, "value": v} for k, v in metrics.items()])
     except ConfigError as e:
         print(f"primekit: configuration error: {e}", file=sys.stderr)
         return 2
@@ -97,6 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"primekit: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _run_distributed_command(args, cfg) -> None:
+    if args.command == "train":
+        from primekit.trainer.rl import RLTrainer
+
+        RLTrainer(cfg, resume=args.resume).train()
+    else:
+        from primekit.logging import print_table
+        from primekit.trainer.eval import evaluate_checkpoint
+
+        metrics = evaluate_checkpoint(cfg, args.model or cfg.model.policy)
+        print_table(f"evaluation of {args.model or cfg.model.policy}",
+                    [{"metric": k, "value": v} for k, v in metrics.items()])
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ next to each other, see DESIGN.md section 3) never straddle two ranks when shard
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -210,3 +212,25 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box = [obj]
     torch.distributed.broadcast_object_list(box, src=src)
     return box[0]
+
+
+@contextlib.contextmanager
+def process_group_from_env() -> Iterator[None]:
+    """Under `torchrun` (WORLD_SIZE > 1 in the environment), join the default process group for
+    the duration of the block: NCCL with one GPU per process (cuda:LOCAL_RANK) when CUDA is
+    available, gloo on CPUs. A plain `python` run, or a group already initialised by the caller,
+    passes through untouched.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or _initialized():
+        yield
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    torch.distributed.init_process_group(backend)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()

@@ -13,8 +13,12 @@ from primekit.data.problem import Problem
 
 
 def resolve_device(name: str) -> torch.device:
+    """train.device: "auto" is the process's current CUDA device (cuda:LOCAL_RANK under torchrun,
+    see primekit.distributed.process_group_from_env) when CUDA is available, else the CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device: 'cuda' requested but torch sees no CUDA device")
     return torch.device(name)

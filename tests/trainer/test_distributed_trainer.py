@@ -9,6 +9,9 @@ different ranks.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -114,3 +117,24 @@ def test_two_ranks_stay_identical_and_only_rank0_writes(sft_model_dir, tmp_path)
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 2]
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == [
         "step_000001", "step_000002"]
+
+
+def test_cli_train_under_torchrun(sft_model_dir, tmp_path):
+    # `torchrun --nproc_per_node 2 -m primekit.cli train ...` on CPUs: the CLI joins a gloo group
+    # from the environment, both ranks train, rank 0 alone writes the run directory.
+    run_dir = tmp_path / "run"
+    overrides = small_overrides(sft_model_dir, run_dir) + ["train.save_every=1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "primekit.cli", "train", "--config", str(CONFIG), *overrides]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 2]
+    assert (run_dir / "checkpoints" / "step_000002" / "policy" / "model.safetensors").exists()
+    # sft is single-process: refused with a clear message rather than run twice into one dir.
+    refused = subprocess.run([sys.executable, "-m", "primekit.cli", "sft", "--config", str(CONFIG)],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "WORLD_SIZE": "2"})
+    assert refused.returncode == 2
+    assert "runs in a single process" in refused.stderr
