@@ -287,6 +287,10 @@ class RLTrainer:
                 groups_kept = common
                 kept_problems = kept_problems[: common * K]
                 kept_verdicts = kept_verdicts[: common * K]
+                for _, handles in round_scores:  # let the second thread finish with the PRM
+                    for handle in handles.values():
+                        if isinstance(handle, Future):
+                            handle.result()
                 round_scores = []  # scored rows no longer match: score the batch whole instead
                 kept_batches = [concat_batches(kept_batches, pad_id=self.tokenizer.pad_token_id)
                                 .select(torch.arange(common * K))] if common else []
