@@ -154,6 +154,10 @@ class PolicyConfig:
     # "recompute": one no-grad forward of the policy before the update (exact, any backend);
     # "rollout": reuse the sampling log-probs of the HF engine (same model, temperature 1, top-p 1).
     old_logprobs: str = "recompute"
+    # Linear learning-rate warm-up over the first RL steps (0: none). Adam's first updates are
+    # about lr * sign(gradient) in every coordinate, so a small policy at a high lr can lose
+    # accuracy in its first steps without one.
+    warmup_steps: int = 0
 
 
 @dataclass
@@ -377,7 +381,7 @@ def validate(cfg: Config) -> None:
     for dotted in ("rollout.temperature", "eval.temperature", "algorithm.kl_coef",
                    "algorithm.entropy_coef", "policy.clip_low", "policy.clip_high",
                    "train.eval_every", "train.save_every", "sft.steps", "train.threads",
-                   "eval.num_problems"):
+                   "eval.num_problems", "policy.warmup_steps"):
         positive(dotted, allow_zero=True)
     if cfg.rollout.top_p > 1:
         raise ConfigError(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p}")

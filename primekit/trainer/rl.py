@@ -587,6 +587,10 @@ class RLTrainer:
         """PPO clipped surrogate (PRIME Eq. 6) over mini-batches, plus optional KL and entropy."""
         cfg, a = self.cfg.policy, self.cfg.algorithm
         N = len(exp)
+        # Linear warm-up, a function of the step alone (so resume needs no scheduler state).
+        scale = min(1.0, (self.step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+        for group in self.policy_opt.param_groups:
+            group["lr"] = cfg.lr * scale
         self.policy.train()
         sums: dict[str, float] = {}
         count = 0
@@ -621,7 +625,7 @@ class RLTrainer:
                 sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(norm) * len(mini)
                 self.policy_opt.step()
         self.policy.eval()
-        return {k: v / count for k, v in sums.items()}
+        return {**{k: v / count for k, v in sums.items()}, "policy/lr": cfg.lr * scale}
 
     def update_critic(self, exp: Experience) -> dict[str, float]:
         c, p = self.cfg.critic, self.cfg.policy
