@@ -199,12 +199,13 @@ def test_overlap_gives_the_same_numbers_as_sequential(rl_config, tmp_path, extra
 
 
 def test_policy_lr_warms_up_linearly_by_step(rl_config):
-    # policy.warmup_steps=4 at lr 3e-4 (tiny.yaml): step 1 trains at 3e-4 * 1/4, step 2 at 2/4.
-    trainer = RLTrainer(rl_config("policy.warmup_steps=4", "algorithm.reward_mode=outcome"))
+    # policy.warmup_steps=4 at lr 4e-4: step 1 trains at 4e-4 * 1/4, step 2 at 4e-4 * 2/4.
+    trainer = RLTrainer(rl_config("policy.warmup_steps=4", "policy.lr=4e-4",
+                                  "algorithm.reward_mode=outcome"))
     trainer.verifier = ParityVerifier()
     lrs = []
     for _ in range(2):
         lrs.append(trainer.train_step()["policy/lr"])
         trainer.step += 1
-    assert lrs == [pytest.approx(7.5e-5), pytest.approx(1.5e-4)]
-    assert trainer.policy_opt.param_groups[0]["lr"] == pytest.approx(1.5e-4)
+    assert lrs == [pytest.approx(1e-4), pytest.approx(2e-4)]
+    assert trainer.policy_opt.param_groups[0]["lr"] == pytest.approx(2e-4)
