@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from primekit import distributed as dist
 from primekit.trainer import checkpoint as ckpt
+from tests.spawn import run_processes
 
 
 def test_single_process_defaults():
@@ -140,18 +139,5 @@ def _failing_write(*args, **kwargs):
 
 
 def test_two_process_gloo_group(tmp_path):
-    ctx = mp.spawn(
-        _worker,
-        args=(2, str(tmp_path / "store"), str(tmp_path / "run")),
-        nprocs=2,
-        join=False,
-    )
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError("2-process gloo test hung")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    run_processes(_worker, (2, str(tmp_path / "store"), str(tmp_path / "run")), nprocs=2,
+                  timeout_s=120, what="2-process gloo test")

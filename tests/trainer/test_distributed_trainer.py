@@ -12,14 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from primekit.config import load_config
 from primekit.verifiers.base import Verdict
+from tests.spawn import run_processes
 from tests.trainer.conftest import CONFIG, small_overrides
 
 
@@ -81,17 +80,8 @@ def _worker(rank: int, world: int, init_file: str, policy: str, run_dir: str, ou
 def test_two_ranks_stay_identical_and_only_rank0_writes(sft_model_dir, tmp_path):
     out, run_dir = tmp_path / "out", tmp_path / "run"
     out.mkdir()
-    ctx = mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(sft_model_dir), str(run_dir),
-                                  str(out)), nprocs=2, join=False)
-    deadline = time.monotonic() + 300
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError("2-process RL trainer hung")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    run_processes(_worker, (2, str(tmp_path / "store"), str(sft_model_dir), str(run_dir),
+                            str(out)), nprocs=2, timeout_s=300, what="2-process RL trainer")
     r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1))
 
     # Each rank drew its own prompts (PromptSampler strides the epoch's permutation by rank).
