@@ -427,8 +427,9 @@ class RLTrainer:
         online = p.update == "online"
         losses, grad_norms = [], []
         self.prm.train(online)
-        minis = [] if "round_scores" in exp.extra else list(chunks(N, p.mini_batch_size, multiple=K))
-        if not minis:  # scored round by round during collection (prm.score_per_round)
+        per_round = "round_scores" in exp.extra  # forwards already run during collection
+        minis = [] if per_round else list(chunks(N, p.mini_batch_size, multiple=K))
+        if per_round:
             t1 = time.perf_counter()
             forwards, timing["prm_forward_compute"] = self._round_results(exp, "prm")
             timing["prm_forward_wait"] = time.perf_counter() - t1
