@@ -200,6 +200,9 @@ class SFTConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     seed: int = 0
+    # torch CPU threads during SFT; 0 = torch's default. SFT has the machine to itself, while RL
+    # (train.threads) shares it with the second thread that `prm.overlap` runs.
+    threads: int = 0
 
 
 @dataclass
@@ -380,7 +383,7 @@ def validate(cfg: Config) -> None:
         positive(dotted)
     for dotted in ("rollout.temperature", "eval.temperature", "algorithm.kl_coef",
                    "algorithm.entropy_coef", "policy.clip_low", "policy.clip_high",
-                   "train.eval_every", "train.save_every", "sft.steps", "train.threads",
+                   "train.eval_every", "train.save_every", "sft.steps", "train.threads", "sft.threads",
                    "eval.num_problems", "policy.warmup_steps"):
         positive(dotted, allow_zero=True)
     if cfg.rollout.top_p > 1:

@@ -42,8 +42,14 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
         from primekit.data.arithmetic import ArithmeticTask
 
         task = ArithmeticTask(min_operands=d.min_operands, max_operands=d.max_operands)
+        # Training prompts are a distribution to sample from, so they may repeat. Held-out
+        # problems are all distinct: drawn with replacement, the few dozen 2-operand test
+        # expressions would each be counted several times and dominate the score.
         train = task.problems(d.num_train, split="train", seed=d.seed)
-        heldout = task.problems(d.num_eval, split="test", seed=d.seed + 1)
+        try:
+            heldout = task.problems(d.num_eval, split="test", seed=d.seed + 1, unique=True)
+        except ValueError as err:
+            raise ConfigError(f"data.num_eval: {err}") from None
         return train, heldout
     from primekit.data.files import load_problems, split_problems
 

@@ -56,7 +56,7 @@ def response_token_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Te
 def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     """Warm up `cfg.sft.init` (or the freshly built tiny model) on the training demonstrations."""
     s = cfg.sft
-    set_threads(cfg.train.threads)
+    set_threads(s.threads)
     seed_everything(s.seed)
     device = resolve_device(cfg.train.device)
     out_dir = Path(s.out_dir)

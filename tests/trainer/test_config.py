@@ -6,6 +6,7 @@ import pytest
 
 from primekit.cli import main
 from primekit.config import Config, ConfigError, load_config
+from primekit.trainer.common import load_splits
 
 
 def test_paper_defaults():
@@ -37,6 +38,7 @@ def test_yaml_then_overrides(tmp_path):
         ("rollout.n_samples=1", "rollout.n_samples: rloo needs at least 2"),
         ("prm.update=frozen", "prm.update: a frozen PRM initialised from the policy"),
         ("prm.beta=-1", "prm.beta: must be > 0"),
+        ("sft.threads=-2", "sft.threads: must be >= 0"),
     ],
 )
 def test_bad_values_name_the_field(override, message):
@@ -47,6 +49,20 @@ def test_bad_values_name_the_field(override, message):
 def test_impossible_combination_double_forward_on_frozen_prm():
     with pytest.raises(ConfigError, match="prm.forward"):
         load_config(None, ["prm.update=frozen", "model.prm=some/prm", "prm.forward=double"])
+
+
+def test_procedural_heldout_problems_are_distinct_and_never_trained_on():
+    cfg = load_config(None, ["data.num_train=3000", "data.num_eval=400"])
+    train, heldout = load_splits(cfg)
+    assert len(heldout) == 400 and len({p.prompt for p in heldout}) == 400
+    assert {p.prompt for p in train}.isdisjoint(p.prompt for p in heldout)
+    # Training prompts are sampled with replacement: the ~200 two-operand train expressions
+    # repeat many times among 3000 draws.
+    assert len({p.prompt for p in train}) < len(train)
+    # Only about twenty 2-operand expressions are held out, so 100 distinct ones cannot exist.
+    only_two = ["data.min_operands=2", "data.max_operands=2", "data.num_eval=100"]
+    with pytest.raises(ConfigError, match="data.num_eval: could not draw 100 unique 'test'"):
+        load_splits(load_config(None, only_two))
 
 
 def test_cli_reports_config_errors(capsys):
