@@ -118,7 +118,7 @@ def test_cli_train_under_torchrun(sft_model_dir, tmp_path):
            "-m", "primekit.cli", "train", "--config", str(CONFIG), *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 2]
     assert (run_dir / "checkpoints" / "step_000002" / "policy" / "model.safetensors").exists()
