@@ -75,7 +75,7 @@ def test_unique_problems_and_exhaustion():
     task = ArithmeticTask(min_operands=2, max_operands=2)
     problems = task.problems(100, "train", seed=0, unique=True)
     assert len({p.prompt for p in problems}) == 100
-    # Only ~180 two-operand expressions exist in total; about 10% are test ones.
+    # 198 two-operand expressions exist in total; 18 of them are test ones.
     with pytest.raises(ValueError, match="unique"):
         task.problems(100, "test", seed=0, unique=True)
 

@@ -56,10 +56,10 @@ def test_procedural_heldout_problems_are_distinct_and_never_trained_on():
     train, heldout = load_splits(cfg)
     assert len(heldout) == 400 and len({p.prompt for p in heldout}) == 400
     assert {p.prompt for p in train}.isdisjoint(p.prompt for p in heldout)
-    # Training prompts are sampled with replacement: the ~200 two-operand train expressions
+    # Training prompts are sampled with replacement: the 180 two-operand train expressions
     # repeat many times among 3000 draws.
     assert len({p.prompt for p in train}) < len(train)
-    # Only about twenty 2-operand expressions are held out, so 100 distinct ones cannot exist.
+    # Only 18 two-operand expressions are held out, so 100 distinct ones cannot exist.
     only_two = ["data.min_operands=2", "data.max_operands=2", "data.num_eval=100"]
     with pytest.raises(ConfigError, match="data.num_eval: could not draw 100 unique 'test'"):
         load_splits(load_config(None, only_two))
