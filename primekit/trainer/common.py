@@ -43,7 +43,7 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
 
         task = ArithmeticTask(min_operands=d.min_operands, max_operands=d.max_operands)
         # Training prompts are a distribution to sample from, so they may repeat. Held-out
-        # problems are all distinct: drawn with replacement, the few dozen 2-operand test
+        # problems are all distinct: drawn with replacement, the 18 two-operand test
         # expressions would each be counted several times and dominate the score.
         train = task.problems(d.num_train, split="train", seed=d.seed)
         try:
