@@ -16,6 +16,9 @@ recorded as meta["difficulty"].
 
 Train/test hygiene: a keyed hash of the expression string decides its split, so the same
 expression always lands in the same split whatever the seed, and the splits never overlap.
+
+Grading (answer extraction, ArithmeticVerifier) lives in primekit.verifiers.arithmetic: verifiers
+depend on data, never the other way round.
 """
 
 from __future__ import annotations
@@ -26,13 +29,10 @@ import re
 from collections.abc import Sequence
 
 from primekit.data.problem import Problem
-from primekit.verifiers.base import Verdict
 
 STEP_DELIMITER = "\n"
 ANSWER_PREFIX = "A:"
 OPERATORS = ("+", "-", "*")
-
-_INT = re.compile(r"[+-]?\d+")
 
 
 def _apply(acc: int, op: str, b: int) -> int:
@@ -70,20 +70,6 @@ def demonstration(expression: str) -> str:
     """The reference chain of thought for an expression (what SFT imitates)."""
     steps, answer = solve(expression)
     return "".join(s + STEP_DELIMITER for s in steps) + f"{ANSWER_PREFIX}{answer}"
-
-
-def extract_final_answer(response: str) -> str | None:
-    """The integer on the FIRST line that starts with "A:", or None if there is none.
-
-    The first answer line counts, not the last: a policy must not be able to hedge by writing
-    several answers. Surrounding spaces are ignored; anything else after the integer
-    ("A:9x", "A:") makes the response malformed (None).
-    """
-    for line in response.split(STEP_DELIMITER):
-        if line.startswith(ANSWER_PREFIX):
-            value = line[len(ANSWER_PREFIX) :].strip()
-            return value if _INT.fullmatch(value) else None
-    return None
 
 
 def split_of(expression: str, test_fraction: float) -> str:
@@ -207,29 +193,3 @@ class ArithmeticTask:
                 seen.add(expression)
             out.append(self.make_problem(expression, f"arithmetic-{split}-{seed}-{len(out)}"))
         return out
-
-
-class ArithmeticVerifier:
-    """Exact-match verifier for the arithmetic task: correct iff the first "A:" line's integer
-    equals problem.answer. Never raises."""
-
-    def verify(self, response: str, problem: Problem) -> Verdict:
-        try:
-            if problem.answer is None:
-                return Verdict.error(f"problem {problem.id!r} has no gold answer")
-            predicted = extract_final_answer(response)
-            if predicted is None:
-                return Verdict.incorrect(reason="no final answer line 'A:<integer>'")
-            if int(predicted) == int(problem.answer):
-                return Verdict.correct()
-            return Verdict.incorrect(reason=f"answer {predicted} != {problem.answer}")
-        except Exception as err:  # a verifier must grade, never crash the training step
-            return Verdict.error(f"{type(err).__name__}: {err}")
-
-    def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]:
-        # A length mismatch is a bug in the caller, not a property of a response: raise.
-        if len(responses) != len(problems):
-            raise ValueError(
-                f"responses and problems must have equal length, got {len(responses)} and {len(problems)}"
-            )
-        return [self.verify(r, p) for r, p in zip(responses, problems)]

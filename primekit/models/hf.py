@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from primekit.config import ConfigError
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -23,6 +25,14 @@ def _looks_local(name_or_path: str) -> bool:
         or name_or_path.count("/") > 1
         or os.path.exists(name_or_path)
     )
+
+
+def check_model_path(path: str, field: str) -> None:
+    """A local-looking path that does not exist is almost always a typo: say so early, naming the
+    config field (or flag) that holds it, as a ConfigError."""
+    looks_local = path.startswith((".", "/", "~")) or path.startswith("runs/")
+    if looks_local and not Path(path).expanduser().exists():
+        raise ConfigError(f"{field}: model directory {path!r} does not exist")
 
 
 def _check_source(name_or_path: str, what: str) -> None:

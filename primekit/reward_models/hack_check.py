@@ -254,9 +254,10 @@ def hack_check(
     """
     from rich.console import Console
 
+    from primekit.data.splits import encode_prompts, load_splits, verifier_task
     from primekit.logging import print_table
     from primekit.reward_models.heads import load_reward_model
-    from primekit.trainer.common import encode_prompts, load_splits, resolve_device, verifier_task
+    from primekit.runtime import resolve_device
     from primekit.verifiers import build_verifier
 
     e = cfg.explicit

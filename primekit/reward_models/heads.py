@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from primekit.rollout.base import RolloutBatch
-from primekit.trainer.experience import chunks, row_inputs
+from primekit.rollout.batching import iter_micro_batches
 
 __all__ = [
     "batch_response_logits",
@@ -94,9 +94,11 @@ def batch_response_logits(
     was_training = model.training
     model.eval()
     try:
-        for rows in chunks(N, micro_batch_size):
-            ids, attn, t = row_inputs(batch, rows)
-            out[rows, :t] = response_logits(model, ids.to(device), attn.to(device), t).cpu()
+        for mb in iter_micro_batches(batch, micro_batch_size):
+            t = mb.response_len
+            out[mb.rows, :t] = response_logits(
+                model, mb.input_ids.to(device), mb.attention_mask.to(device), t
+            ).cpu()
     finally:
         model.train(was_training)
     return out * batch.response_mask.float().cpu()
@@ -137,10 +139,10 @@ def fit_reward_model(
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=gen)
         sums: dict[str, float] = {}
-        for idx in chunks(len(batch), batch_size):
-            rows = order[idx]
-            ids, attn, t = row_inputs(batch, rows)
-            logits = response_logits(model, ids.to(device), attn.to(device), t)
+        # Mini-batches are consecutive chunks of the shuffled order; each is one forward.
+        for mb in iter_micro_batches(batch, batch_size, rows=order):
+            rows, t = mb.rows, mb.response_len
+            logits = response_logits(model, mb.input_ids.to(device), mb.attention_mask.to(device), t)
             loss, metrics = loss_fn(logits, rows, t)
             opt.zero_grad(set_to_none=True)
             loss.backward()

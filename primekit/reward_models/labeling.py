@@ -202,16 +202,10 @@ class SamplingSetup:
 
 def sampling_setup(cfg, model_path: str, *, seed: int = 0) -> SamplingSetup:
     """Load `model_path` as the sampler, with the configured verifier and sampling parameters."""
-    from primekit.models.hf import load_model, load_tokenizer
+    from primekit.data.splits import verifier_task
+    from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.hf import HFRolloutEngine
-    from primekit.trainer.common import (
-        check_model_path,
-        model_dtype,
-        resolve_device,
-        seed_everything,
-        set_threads,
-        verifier_task,
-    )
+    from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
     from primekit.verifiers import build_verifier
 
     set_threads(cfg.train.threads)
@@ -244,7 +238,7 @@ def sampling_setup(cfg, model_path: str, *, seed: int = 0) -> SamplingSetup:
 
 def split_problems(cfg, split: str, n: int) -> list[Problem]:
     """The first n problems of the configured train or held-out ("test") split."""
-    from primekit.trainer.common import load_splits
+    from primekit.data.splits import load_splits
 
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -259,7 +253,7 @@ def sample_split(
     setup: SamplingSetup, split: str, n_problems: int, samples: int
 ) -> tuple[RolloutBatch, list[Problem], torch.Tensor]:
     """`samples` verified responses for each of the first n_problems of a split (see sample_responses)."""
-    from primekit.trainer.common import encode_prompts
+    from primekit.data.splits import encode_prompts
 
     problems = split_problems(setup.cfg, split, n_problems)
     prompt_ids = encode_prompts(setup.tokenizer, problems, setup.cfg)

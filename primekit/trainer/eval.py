@@ -85,17 +85,10 @@ def evaluate(
 def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     """Load `model_path` and evaluate it on the configured held-out problems (rank-local shard)."""
     from primekit import distributed as dist
-    from primekit.models.hf import load_model, load_tokenizer
+    from primekit.data.splits import encode_prompts, load_splits, verifier_task
+    from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.hf import HFRolloutEngine
-    from primekit.trainer.common import (
-        check_model_path,
-        encode_prompts,
-        load_splits,
-        model_dtype,
-        resolve_device,
-        set_threads,
-        verifier_task,
-    )
+    from primekit.runtime import model_dtype, resolve_device, set_threads
     from primekit.verifiers import build_verifier
 
     set_threads(cfg.train.threads)

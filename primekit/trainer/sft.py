@@ -10,16 +10,10 @@ import torch
 
 from primekit.config import Config, ConfigError
 from primekit.data.problem import Problem
+from primekit.data.splits import encode_prompts, load_splits
 from primekit.logging import MetricLogger, Progress
 from primekit.models.hf import load_model, load_tokenizer, save_model
-from primekit.trainer.common import (
-    encode_prompts,
-    load_splits,
-    model_dtype,
-    resolve_device,
-    seed_everything,
-    set_threads,
-)
+from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 
 
 def sft_batch(tokenizer, prompt_ids: list[list[int]], responses: list[str]) -> dict[str, torch.Tensor]:

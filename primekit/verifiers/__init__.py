@@ -14,8 +14,8 @@ from primekit.verifiers.math import MathVerifier
 
 
 def _arithmetic(**options: Any) -> Verifier:
-    # Lazy: primekit.data.arithmetic is owned elsewhere and may import more than we need.
-    from primekit.data.arithmetic import ArithmeticVerifier
+    # Lazy: math and code users never need the arithmetic task's module (primekit.data.arithmetic).
+    from primekit.verifiers.arithmetic import ArithmeticVerifier
 
     return ArithmeticVerifier(**options)
 

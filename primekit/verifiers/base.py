@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from primekit.data.problem import Problem
+
 Status = Literal["correct", "incorrect", "error", "timeout"]
 
 
@@ -50,5 +52,3 @@ class Verifier(Protocol):
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]: ...
 
-
-from primekit.data.problem import Problem  # noqa: E402  (a dataclass with no imports of ours)

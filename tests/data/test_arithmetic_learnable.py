@@ -11,9 +11,10 @@ import time
 import pytest
 import torch
 
-from primekit.data.arithmetic import ArithmeticTask, ArithmeticVerifier
+from primekit.data.arithmetic import ArithmeticTask
 from primekit.rollout.base import SamplingParams
 from primekit.rollout.hf import HFRolloutEngine
+from primekit.verifiers.arithmetic import ArithmeticVerifier
 
 STEPS, BATCH, LR, WARMUP = 600, 32, 3e-3, 50
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from primekit.data.arithmetic import ArithmeticTask, ArithmeticVerifier
+from primekit.data.arithmetic import ArithmeticTask
 from primekit.reward_models.hack_check import (
     DESIGNS,
     VARIANTS,
@@ -14,6 +14,7 @@ from primekit.reward_models.hack_check import (
     plot_hack_check,
     run_hack_check,
 )
+from primekit.verifiers.arithmetic import ArithmeticVerifier
 
 TEXT = "3+4=7\n7*2=14\n14-5=9\nA:9"
 
@@ -99,6 +100,7 @@ def test_fixed_prm_delta_never_grows_and_clip_never_positive(tiny_model_dir, tmp
         eta=0.5,
         length_penalty=0.05,
         max_repeats=4,
+        micro_batch_size=7,
     )
     R = result.returns
     assert R["PR"].shape == (len(VARIANTS), 5, len(responses))
@@ -129,6 +131,7 @@ def test_constant_prm_plain_pr_is_hacked_and_clip_delta_is_not(tiny_model_dir):
         eta=0.95,
         length_penalty=0.0,
         max_repeats=3,
+        micro_batch_size=7,
     )
     R = result.returns
     p = torch.sigmoid(torch.tensor(2.0))

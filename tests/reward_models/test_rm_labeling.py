@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from primekit.data.arithmetic import ArithmeticTask, ArithmeticVerifier, parse_expression
+from primekit.data.arithmetic import ArithmeticTask, parse_expression
 from primekit.models.tiny import build_char_tokenizer
 from primekit.reward_models.hack_check import batch_from_texts
 from primekit.reward_models.labeling import HFCompleter, mc_step_labels
 from primekit.rollout.base import SamplingParams
+from primekit.verifiers.arithmetic import ArithmeticVerifier
 
 PROBLEM = ArithmeticTask().make_problem("3+4*2", "p0")  # 3+4=7, 7*2=14, answer 14
 

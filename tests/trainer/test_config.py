@@ -6,7 +6,7 @@ import pytest
 
 from primekit.cli import main
 from primekit.config import Config, ConfigError, load_config
-from primekit.trainer.common import load_splits
+from primekit.data.splits import load_splits
 
 
 def test_paper_defaults():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from primekit.data.problem import Problem
 from primekit.verifiers import (
     CodeVerifier,
     MathVerifier,
@@ -22,11 +23,13 @@ def test_build_verifier_by_task_with_options():
     assert (code.limits.timeout_s, code.limits.memory_mb, code.max_workers) == (2.0, 256, 3)
 
 
-def test_build_verifier_arithmetic_is_imported_lazily():
-    pytest.importorskip("primekit.data.arithmetic")
+def test_build_verifier_arithmetic():
+    from primekit.verifiers.arithmetic import ArithmeticVerifier
+
     verifier = build_verifier("arithmetic")
-    assert type(verifier).__name__ == "ArithmeticVerifier"
-    assert callable(verifier.verify) and callable(verifier.verify_batch)
+    assert isinstance(verifier, ArithmeticVerifier)
+    problem = Problem(id="p", prompt="3+4=", task="arithmetic", answer="7")
+    assert verifier.verify("3+4=7\nA:7", problem) == Verdict.correct()
 
 
 def test_unknown_task_lists_the_valid_ones():

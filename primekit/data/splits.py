@@ -1,38 +1,10 @@
-"""Pieces shared by the SFT, RL and eval entry points: device, seeding, problems, prompt encoding."""
+"""The configured problem splits and their prompt token ids: what every entry point trains and
+evaluates on (SFT, RL, eval, reward-model sampling, hack-check)."""
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
-import numpy as np
-import torch
-
 from primekit.config import Config, ConfigError
 from primekit.data.problem import Problem
-
-
-def resolve_device(name: str) -> torch.device:
-    """train.device: "auto" is the process's current CUDA device (cuda:LOCAL_RANK under torchrun,
-    see primekit.distributed.process_group_from_env) when CUDA is available, else the CPU."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: 'cuda' requested but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def set_threads(threads: int) -> None:
-    if threads > 0:
-        torch.set_num_threads(threads)
 
 
 def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
@@ -63,7 +35,7 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
                 f"data.eval_path: {overlap} held-out prompts also appear in data.train_path"
             )
     else:
-        train, heldout = split_problems(train, heldout_fraction=0.05, seed=d.seed)
+        train, heldout = split_problems(train, heldout_fraction=d.heldout_fraction, seed=d.seed)
     return train, heldout[: d.num_eval]
 
 
@@ -82,14 +54,3 @@ def encode_prompts(tokenizer, problems: list[Problem], cfg: Config) -> list[list
         ids = tokenizer(text, add_special_tokens=not cfg.model.use_chat_template)["input_ids"]
         out.append(list(ids))
     return out
-
-
-def model_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def check_model_path(path: str, field: str) -> None:
-    """A local-looking path that does not exist is almost always a typo: say so early."""
-    looks_local = path.startswith((".", "/", "~")) or path.startswith("runs/")
-    if looks_local and not Path(path).expanduser().exists():
-        raise ConfigError(f"{field}: model directory {path!r} does not exist")
