@@ -1,4 +1,4 @@
-"""Algorithm core: pure tensor functions (PRIME, arXiv 2502.01456; Gao et al. 2024).
+"""Algorithm core: pure tensor functions (PRIME, arXiv 2502.01456; Gao et al., arXiv 2410.15115).
 
 See docs/paper_index.md for the equation -> function map and docs/algorithms.md for how the
 estimators combine.
@@ -6,19 +6,24 @@ estimators combine.
 
 from primekit.algorithms.advantages import (
     ESTIMATORS,
+    AdvantageParts,
     broadcast_outcome_advantages,
     compute_advantages,
     discounted_returns,
     gae_advantages,
+    grpo_advantages,
     grpo_outcome_advantages,
     implicit_value_advantages,
     implicit_values,
     normalize_by_max_abs_return,
+    ppo_advantages,
     ppo_token_rewards,
     prime_grpo_process_returns,
     prime_reinforce_process_returns,
     prime_rloo_process_returns,
+    reinforce_advantages,
     reinforce_outcome_advantages,
+    rloo_advantages,
     rloo_outcome_advantages,
 )
 from primekit.algorithms.filtering import filter_groups
@@ -28,6 +33,13 @@ from primekit.algorithms.groups import (
     group_std,
     group_sum,
     leave_one_out_mean,
+)
+from primekit.algorithms.hacking import (
+    pearson,
+    repeated_ngram_share,
+    repeated_step_share,
+    reward_hacking_metrics,
+    words,
 )
 from primekit.algorithms.implicit_prm import (
     implicit_sequence_rewards,
@@ -65,15 +77,25 @@ from primekit.algorithms.process_rewards import (
     step_end_positions_from_mask,
     step_returns,
 )
+from primekit.algorithms.segmentation import (
+    compile_delimiter,
+    segment_batch,
+    step_end_token_positions,
+    step_spans,
+    steps,
+    token_char_ends,
+)
 
 __all__ = [
     "ESTIMATORS",
     "LOSS_AGG_MODES",
     "PROCESS_REWARD_TRANSFORMS",
+    "AdvantageParts",
     "aggregate_loss",
     "broadcast_outcome_advantages",
     "clip_delta_step_rewards",
     "clip_step_rewards",
+    "compile_delimiter",
     "compute_advantages",
     "delta_step_rewards",
     "discounted_returns",
@@ -84,6 +106,7 @@ __all__ = [
     "group_mean",
     "group_std",
     "group_sum",
+    "grpo_advantages",
     "grpo_outcome_advantages",
     "implicit_sequence_rewards",
     "implicit_token_rewards",
@@ -100,7 +123,9 @@ __all__ = [
     "masked_whiten",
     "normalize_by_max_abs_return",
     "normed_step_rewards",
+    "pearson",
     "place_step_rewards",
+    "ppo_advantages",
     "ppo_clip_loss",
     "ppo_token_rewards",
     "prime_grpo_process_returns",
@@ -111,9 +136,20 @@ __all__ = [
     "prm_dpo_loss",
     "prm_pairwise_accuracy",
     "prm_pairwise_counts",
+    "reinforce_advantages",
     "reinforce_outcome_advantages",
+    "repeated_ngram_share",
+    "repeated_step_share",
+    "reward_hacking_metrics",
+    "rloo_advantages",
     "rloo_outcome_advantages",
+    "segment_batch",
     "step_end_positions_from_mask",
+    "step_end_token_positions",
     "step_returns",
+    "step_spans",
+    "steps",
+    "token_char_ends",
     "value_loss",
+    "words",
 ]

@@ -5,16 +5,23 @@ Notation: B prompts, K samples per prompt, N = B*K sequences, T response tokens 
 interleaved and of unequal size). `token_rewards` [N, T] are implicit process rewards r_phi(y_t)
 (PRIME Eq. 3); `outcome_rewards` [N] are verifier outcomes r_o(y) in [0, 1].
 
-PRIME Eq. 5 (RLOO), for sample i of its group G (|G| = K):
+PRIME Eq. 5 (RLOO, arXiv 2502.01456), for sample i of its group G (|G| = K):
     A_t^i = sum_{s>=t} gamma^(s-t) * (r_phi(y_s^i) - mean_{j!=i} mean_tokens(r_phi(y^j)))
             + (r_o(y^i) - mean_{j!=i} r_o(y^j))
 Process and outcome terms are baselined separately, then added (with coefficients).
+
+Use: an estimator from ESTIMATORS returns the unweighted parts (AdvantageParts), then
+`compute_advantages` weights and adds them, subtracts an optional KL penalty and whitens:
+    parts = ESTIMATORS["rloo"](outcome_rewards=o, response_mask=m, group_ids=g, token_rewards=r)
+    adv, returns, metrics = compute_advantages(parts, response_mask=m, process_coef=5.0,
+                                               outcome_coef=5.0, whiten=True)
 See docs/algorithms.md for every estimator's formula and the choices the papers leave open.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -25,23 +32,28 @@ from primekit.algorithms.groups import (
     group_sum,
     leave_one_out_mean,
 )
-from primekit.algorithms.masked import masked_mean, masked_whiten
+from primekit.algorithms.masked import masked_mean, masked_sum, masked_whiten
 
 __all__ = [
     "ESTIMATORS",
+    "AdvantageParts",
     "broadcast_outcome_advantages",
     "compute_advantages",
     "discounted_returns",
     "gae_advantages",
+    "grpo_advantages",
     "grpo_outcome_advantages",
     "implicit_value_advantages",
     "implicit_values",
     "normalize_by_max_abs_return",
+    "ppo_advantages",
     "ppo_token_rewards",
     "prime_grpo_process_returns",
     "prime_reinforce_process_returns",
     "prime_rloo_process_returns",
+    "reinforce_advantages",
     "reinforce_outcome_advantages",
+    "rloo_advantages",
     "rloo_outcome_advantages",
 ]
 
@@ -376,7 +388,7 @@ def implicit_values(
     The implicit PRM's Q after token t is q_t = sum_{s<=t} r_phi(y_s) (Yuan et al. 2024, PRIME
     Sec. 3.1). Our value of the state before token t is V_t = q_{t-1} = sum_{s<t} r_phi(y_s)
     (V_0 = 0): it does not depend on the action y_t, so it is a valid baseline.
-    include_current_token=True uses q_t instead (the digest's "v(y_<t+1)" indexing). transform:
+    include_current_token=True uses q_t instead (the "v_phi(y_<t+1)" indexing of PRIME Sec. 5.4). transform:
     "none" keeps the logit scale the CE loss trains (sigmoid(q_T) ~ P(correct)); "sigmoid" maps to
     a probability, i.e. the outcome's own [0, 1] scale.
     Args: token_rewards [N, T], response_mask [N, T]. Returns: values [N, T], 0 off the mask.
@@ -392,225 +404,322 @@ def implicit_values(
     return _zero_off(v, mask)
 
 
-def implicit_value_advantages(
-    outcome_rewards: torch.Tensor,
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    *,
-    outcome_coef: float = 1.0,
-    transform: str = "none",
-    include_current_token: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages with the implicit PRM as the value model (PRIME Sec. 5.4 ablation).
-
-    Formula: GAE(gamma, lam) on rewards R_t = outcome_coef * r_o at the last token, values
-    V_t = outcome_coef * implicit_values(...). With gamma = lam = 1: A_t = outcome_coef *
-    (r_o - V_t), the outcome reward baselined by the PRM's running estimate; with lam = 0,
-    A_t = V_{t+1} - V_t, which for transform="none" is the process reward itself.
-    Returns: (advantages [N, T], values [N, T]).
-    """
-    values = outcome_coef * implicit_values(
-        token_rewards,
-        response_mask,
-        transform=transform,
-        include_current_token=include_current_token,
-    )
-    rewards = ppo_token_rewards(outcome_rewards, response_mask, outcome_coef=outcome_coef)
-    adv, _ = gae_advantages(rewards, values, response_mask, gamma, lam)
-    return adv, values
-
-
 # ---------------------------------------------------------------------------------------------
-# combination used by the trainer
-
-# Each estimator returns (outcome part [N, T], process part [N, T] | None, returns | None) with
-# the coefficients already applied; `compute_advantages` adds the parts.
-_Parts = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]
+# estimators: each returns the unweighted parts of the advantage; `compute_advantages` weights,
+# adds, penalises and whitens them. The trainer calls ESTIMATORS[name](**kwargs), then
+# compute_advantages(parts, ...).
 
 
-def _rloo(a: dict) -> _Parts:
-    out = broadcast_outcome_advantages(
-        rloo_outcome_advantages(a["outcome_rewards"], a["group_ids"]),
-        a["response_mask"],
-        a["gamma"],
+class AdvantageParts(NamedTuple):
+    """What an estimator returns: unweighted [N, T] terms, combined by `compute_advantages` as
+
+        A_t = outcome_coef * outcome_t + process_coef * process_t + baseline_t
+              - kl_coef * sum_{s>=t} kl_discount^(s-t) kl_s,     returns_t = A_t + values_t.
+
+    outcome: [N, T] outcome term (for GAE estimators: GAE of the outcome reward alone).
+    process: [N, T] process term, or None when there is no process reward.
+    baseline: [N, T] critic term GAE(rewards = 0, values), not weighted by any coefficient
+        ("ppo" only), or None.
+    values: [N, T] critic values, so that returns = A + values are the critic's targets ("ppo"
+        only), or None (then there are no returns).
+    kl_discount: discount of the KL penalty's reward-to-go: gamma for reward-to-go estimators,
+        gamma * lam for "ppo" (there the KL is a token reward inside GAE).
+    """
+
+    outcome: torch.Tensor
+    process: torch.Tensor | None = None
+    baseline: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    kl_discount: float = 1.0
+
+
+def _outcome_term(
+    advantages: torch.Tensor, response_mask: torch.Tensor, gamma: float, discount_outcome: bool
+) -> torch.Tensor:
+    # PRIME Eq. 5 as printed adds the outcome advantage undiscounted at every token; the public
+    # reference code puts it on the last token and sums it into the discounted returns instead.
+    _check_gamma(gamma)
+    return broadcast_outcome_advantages(
+        advantages, response_mask, gamma if discount_outcome else 1.0
     )
-    proc = None
-    if a["token_rewards"] is not None:
-        proc = prime_rloo_process_returns(
-            a["token_rewards"], a["response_mask"], a["group_ids"], a["gamma"], a["rloo_variant"]
-        )
-    return _scale(a, out, proc) + (None,)
 
 
-def _grpo(a: dict) -> _Parts:
-    s, e = a["grpo_scale_by_std"], a["grpo_eps"]
-    adv = grpo_outcome_advantages(a["outcome_rewards"], a["group_ids"], scale_by_std=s, eps=e)
-    out = broadcast_outcome_advantages(adv, a["response_mask"], a["gamma"])
-    proc = None
-    if a["token_rewards"] is not None:
-        proc = prime_grpo_process_returns(
-            a["token_rewards"],
-            a["response_mask"],
-            a["group_ids"],
-            a["gamma"],
-            scale_by_std=s,
-            eps=e,
-        )
-    return _scale(a, out, proc) + (None,)
-
-
-def _reinforce(a: dict) -> _Parts:
-    adv = reinforce_outcome_advantages(a["outcome_rewards"], a["reinforce_baseline"])
-    out = broadcast_outcome_advantages(adv, a["response_mask"], a["gamma"])
-    proc = None
-    if a["token_rewards"] is not None:
-        proc = prime_reinforce_process_returns(
-            a["token_rewards"], a["response_mask"], a["gamma"], baseline=a["reinforce_baseline"]
-        )
-    return _scale(a, out, proc) + (None,)
-
-
-def _ppo(a: dict) -> _Parts:
-    if a["values"] is None:
-        raise ValueError("estimator 'ppo' needs `values` [N, T] from the critic")
-    mask, gamma, lam = a["response_mask"], a["gamma"], a["lam"]
-    rewards = ppo_token_rewards(
-        a["outcome_rewards"],
-        mask,
-        a["token_rewards"],
-        a["kl"],
-        a["kl_coef"],
-        a["process_coef"],
-        a["outcome_coef"],
-    )
-    adv, returns = gae_advantages(rewards, a["values"], mask, gamma, lam)
-    proc = None
-    if a["token_rewards"] is not None:
-        # GAE is linear in (rewards, values): the process share is GAE(process rewards, V = 0);
-        # the rest (outcome, value baseline, KL) is reported as the outcome share.
-        proc_r = a["process_coef"] * _zero_off(a["token_rewards"], mask.bool())
-        proc, _ = gae_advantages(proc_r, torch.zeros_like(proc_r), mask, gamma, lam)
-    out = adv if proc is None else adv - proc
-    return out, proc, returns
-
-
-def _prime_value(a: dict) -> _Parts:
-    if a["token_rewards"] is None:
-        raise ValueError("estimator 'prime-value' needs `token_rewards` from the implicit PRM")
-    adv, _ = implicit_value_advantages(
-        a["outcome_rewards"],
-        a["token_rewards"],
-        a["response_mask"],
-        a["gamma"],
-        a["lam"],
-        outcome_coef=a["outcome_coef"],
-        transform=a["value_transform"],
-    )
-    return adv, None, None
-
-
-def _scale(a: dict, out: torch.Tensor, proc: torch.Tensor | None) -> tuple:
-    return a["outcome_coef"] * out, None if proc is None else a["process_coef"] * proc
-
-
-ESTIMATORS: dict[str, Callable[[dict], _Parts]] = {
-    "rloo": _rloo,
-    "grpo": _grpo,
-    "reinforce": _reinforce,
-    "ppo": _ppo,
-    "prime-value": _prime_value,
-}
-
-
-def compute_advantages(
-    estimator: str,
+def rloo_advantages(
     *,
     outcome_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
     token_rewards: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
-    process_coef: float = 1.0,
-    outcome_coef: float = 1.0,
-    rloo_variant: str = "eq5",
-    grpo_scale_by_std: bool = True,
-    reinforce_baseline: str = "batch-mean",
-    whiten: bool = False,
-    kl: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    grpo_eps: float = 1e-6,
-    process_max_abs_norm: bool = False,
-    value_transform: str = "none",
-) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-    """Token advantages for one RL batch: outcome_coef * A_outcome + process_coef * A_process.
+    variant: str = "eq5",
+    discount_outcome: bool = False,
+) -> AdvantageParts:
+    """PRIME's RLOO estimator with implicit process rewards (PRIME Eq. 5, arXiv 2502.01456).
 
-    estimator (a key of ESTIMATORS):
-      "rloo":        RLOO outcome + PRIME Eq. 5 process term (`rloo_variant`: "eq5" | "reference")
-      "grpo":        GRPO outcome + group-normalised process term (PRIME App. B.3, our reading)
-      "reinforce":   REINFORCE outcome + process reward-to-go (`reinforce_baseline`)
-      "ppo":         GAE(gamma, lam) on `ppo_token_rewards` with critic `values`; the coefficients
-                     and KL enter the rewards; returns = GAE returns (critic targets)
-      "prime-value": the implicit PRM as value model for the outcome (PRIME Sec. 5.4); needs
-                     token_rewards; process_coef is unused (there is no process reward term)
-    token_rewards=None means outcome-only. The outcome advantage is spread over valid tokens,
-    discounted from the last token when gamma < 1. For estimators other than "ppo", a KL term
-    (kl_coef > 0) is added as -kl_coef * reward-to-go of `kl` without a baseline.
-    process_max_abs_norm: first scale token_rewards by `normalize_by_max_abs_return` (reference
-    code option). whiten: standardise the final advantages over all valid tokens of the batch
-    (the reference code does; then only process_coef / outcome_coef matters).
+    Formula: A_t^i = process_coef * sum_{s>=t} gamma^(s-t) (r_phi(y_s^i) - mean_{j!=i} m_j)
+                     + outcome_coef * w_t * (r_o(y^i) - mean_{j!=i} r_o(y^j)),
+    m_j = mean over sample j's valid tokens of r_phi, j over i's group; w_t = 1 (Eq. 5 as printed,
+    discount_outcome=False) or gamma^(L_i - 1 - t) (the reference code, discount_outcome=True: the
+    outcome reward sits on the last token, inside the discounted return). The two agree for
+    gamma = 1. `variant` picks the process baseline, see `prime_rloo_process_returns`.
+    Every group needs >= 2 samples.
 
     Args:
-        estimator: name in ESTIMATORS.
-        outcome_rewards: [N]; response_mask: [N, T]; group_ids: [N].
-        token_rewards: [N, T] implicit process rewards or None; values: [N, T] critic values.
+        outcome_rewards: [N] verifier outcomes r_o.
+        response_mask: [N, T].
+        group_ids: [N].
+        token_rewards: [N, T] implicit process rewards r_phi, or None (outcome-only RLOO, Eq. 4).
+        gamma: discount in [0, 1].
+        variant: "eq5" (the paper) or "reference" (public PRIME code).
+        discount_outcome: discount the outcome term from the last token (see above).
     Returns:
-        (advantages [N, T], returns [N, T] for "ppo" else None, metrics) with float metrics
-        adv/mean, adv/std (after whitening), adv/process_abs_mean, adv/outcome_abs_mean (before).
+        AdvantageParts(outcome [N, T], process [N, T] | None), kl_discount = gamma.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; valid: {sorted(ESTIMATORS)}")
-    mask = response_mask.bool()
-    if mask.dim() != 2:
-        raise ValueError(f"response_mask must be [N, T], got {tuple(mask.shape)}")
+    adv = rloo_outcome_advantages(outcome_rewards, group_ids)  # [N]
+    outcome = _outcome_term(adv, response_mask, gamma, discount_outcome)
+    process = None
+    if token_rewards is not None:
+        process = prime_rloo_process_returns(
+            token_rewards, response_mask, group_ids, gamma, variant
+        )
+    return AdvantageParts(outcome, process, kl_discount=gamma)
+
+
+def grpo_advantages(
+    *,
+    outcome_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    token_rewards: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    discount_outcome: bool = False,
+) -> AdvantageParts:
+    """GRPO with implicit process rewards (PRIME App. B.3, our reading; Shao et al. 2024).
+
+    Formula: A_t^i = process_coef * sum_{s>=t} gamma^(s-t) (r_phi(y_s^i) - mean_g m) / (std_g m + eps)
+                     + outcome_coef * w_t * (r_o^i - mean_g r_o) / (std_g r_o + eps),
+    g = i's group (i included), std unbiased; scale_by_std=False drops both divisions; w_t as in
+    `rloo_advantages` (1, or gamma^(L_i - 1 - t) with discount_outcome=True).
+
+    Args:
+        outcome_rewards: [N]; response_mask: [N, T]; group_ids: [N].
+        token_rewards: [N, T] implicit process rewards, or None (outcome-only GRPO).
+        gamma: discount in [0, 1].
+        scale_by_std: divide by the group std (outcome and process alike).
+        eps: added to the std.
+        discount_outcome: discount the outcome term from the last token.
+    Returns:
+        AdvantageParts(outcome [N, T], process [N, T] | None), kl_discount = gamma.
+    """
+    adv = grpo_outcome_advantages(outcome_rewards, group_ids, scale_by_std=scale_by_std, eps=eps)
+    outcome = _outcome_term(adv, response_mask, gamma, discount_outcome)  # [N, T]
+    process = None
+    if token_rewards is not None:
+        process = prime_grpo_process_returns(
+            token_rewards, response_mask, group_ids, gamma, scale_by_std=scale_by_std, eps=eps
+        )
+    return AdvantageParts(outcome, process, kl_discount=gamma)
+
+
+def reinforce_advantages(
+    *,
+    outcome_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    token_rewards: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    baseline: str = "batch-mean",
+    discount_outcome: bool = False,
+) -> AdvantageParts:
+    """REINFORCE with implicit process rewards (PRIME App. B.3; Williams 1992).
+
+    Formula: A_t^i = process_coef * sum_{s>=t} gamma^(s-t) (r_phi(y_s^i) - b_p)
+                     + outcome_coef * w_t * (r_o^i - b_o),
+    b_p = b_o = 0 ("none", the paper's plain REINFORCE) or the batch means of the response-averaged
+    process reward and of r_o ("batch-mean", our default); w_t as in `rloo_advantages`.
+
+    Args:
+        outcome_rewards: [N]; response_mask: [N, T].
+        token_rewards: [N, T] implicit process rewards, or None (outcome-only).
+        gamma: discount in [0, 1].
+        baseline: "none" or "batch-mean".
+        discount_outcome: discount the outcome term from the last token.
+    Returns:
+        AdvantageParts(outcome [N, T], process [N, T] | None), kl_discount = gamma.
+    """
+    adv = reinforce_outcome_advantages(outcome_rewards, baseline)  # [N]
+    outcome = _outcome_term(adv, response_mask, gamma, discount_outcome)  # [N, T]
+    process = None
+    if token_rewards is not None:
+        process = prime_reinforce_process_returns(
+            token_rewards, response_mask, gamma, baseline=baseline
+        )
+    return AdvantageParts(outcome, process, kl_discount=gamma)
+
+
+def ppo_advantages(
+    *,
+    outcome_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor | None,
+    token_rewards: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> AdvantageParts:
+    """PPO with a critic: GAE on dense process + outcome token rewards (PRIME App. B.3; Gao Eq. 2).
+
+    Formula: A = GAE_{gamma,lam}(R, V) with R_t = outcome_coef * r_o [t = last valid token]
+      + process_coef * r_phi(y_t) - kl_coef * kl_t, returns = A + V (see `gae_advantages`).
+    GAE is linear in (rewards, values), so it splits into the parts
+      outcome = GAE(r_o on the last token, 0), process = GAE(r_phi, 0), baseline = GAE(0, V),
+    and the KL share is GAE(kl, 0) = sum_{s>=t} (gamma*lam)^(s-t) kl_s (kl_discount).
+
+    Args:
+        outcome_rewards: [N].
+        response_mask: [N, T].
+        values: [N, T] critic values V_t of the state before token t (required).
+        token_rewards: [N, T] dense process rewards, or None (outcome-only).
+        gamma, lam: in [0, 1].
+    Returns:
+        AdvantageParts(outcome, process | None, baseline, values), all [N, T], kl_discount =
+        gamma * lam.
+    """
+    if values is None:
+        raise ValueError("estimator 'ppo' needs `values` [N, T] from the critic")
+    mask = _mask(response_mask, values)
     if token_rewards is not None:
         _mask(mask, token_rewards)
-        if process_max_abs_norm:
-            token_rewards = normalize_by_max_abs_return(token_rewards, mask)
-    args = {
-        "outcome_rewards": outcome_rewards,
-        "response_mask": mask,
-        "group_ids": group_ids,
-        "token_rewards": token_rewards,
-        "values": values,
-        "gamma": gamma,
-        "lam": lam,
-        "process_coef": process_coef,
-        "outcome_coef": outcome_coef,
-        "rloo_variant": rloo_variant,
-        "grpo_scale_by_std": grpo_scale_by_std,
-        "grpo_eps": grpo_eps,
-        "reinforce_baseline": reinforce_baseline,
-        "kl": kl,
-        "kl_coef": kl_coef,
-        "value_transform": value_transform,
-    }
-    out, proc, returns = ESTIMATORS[estimator](args)
-    adv = out if proc is None else out + proc
-    if estimator != "ppo" and kl is not None and kl_coef != 0.0:
+    r_out = ppo_token_rewards(outcome_rewards, mask)  # [N, T], r_o on the last valid token
+    r_proc = torch.zeros_like(r_out) if token_rewards is None else _zero_off(token_rewards, mask)
+    dtype = torch.promote_types(torch.promote_types(r_out.dtype, r_proc.dtype), values.dtype)
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # [N, T]
+    # One GAE on the three shares stacked along N: a single backward scan over T, not three.
+    rewards = torch.cat([r_out.to(dtype), r_proc.to(dtype), zeros])  # [3N, T]
+    vals = torch.cat([zeros, zeros, values.to(dtype)])  # [3N, T]
+    adv, _ = gae_advantages(rewards, vals, mask.repeat(3, 1), gamma, lam)
+    outcome, process, baseline = adv.chunk(3)  # each [N, T]
+    return AdvantageParts(
+        outcome,
+        None if token_rewards is None else process,
+        baseline,
+        values=_zero_off(values.to(dtype), mask),
+        kl_discount=gamma * lam,
+    )
+
+
+def implicit_value_advantages(
+    *,
+    outcome_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    token_rewards: torch.Tensor | None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    value_transform: str = "none",
+    include_current_token: bool = False,
+) -> AdvantageParts:
+    """The implicit PRM as value model for the outcome reward (PRIME Sec. 5.4 ablation).
+
+    Formula: A = outcome_coef * GAE_{gamma,lam}(R, V), R_t = r_o [t = last valid token],
+    V = implicit_values(token_rewards, value_transform, include_current_token). With
+    gamma = lam = 1: A_t = outcome_coef * (r_o - V_t), the outcome baselined by the PRM's running
+    estimate; with lam = 0, A_t = V_{t+1} - V_t, which for value_transform="none" is the process
+    reward itself. There is no process term (process_coef is unused) and no critic (no returns).
+
+    Args:
+        outcome_rewards: [N].
+        response_mask: [N, T].
+        token_rewards: [N, T] implicit process rewards (required).
+        gamma, lam: in [0, 1].
+        value_transform: "none" (logit scale) or "sigmoid" (probability), see `implicit_values`.
+        include_current_token: V_t = q_t instead of q_{t-1}, see `implicit_values`.
+    Returns:
+        AdvantageParts(outcome [N, T]), kl_discount = gamma (the KL penalty is a plain discounted
+        reward-to-go here, as for the reward-to-go estimators).
+    """
+    if token_rewards is None:
+        raise ValueError("estimator 'prime-value' needs `token_rewards` from the implicit PRM")
+    values = implicit_values(
+        token_rewards,
+        response_mask,
+        transform=value_transform,
+        include_current_token=include_current_token,
+    )  # [N, T]
+    rewards = ppo_token_rewards(outcome_rewards, response_mask)  # [N, T]
+    adv, _ = gae_advantages(rewards, values, response_mask, gamma, lam)
+    return AdvantageParts(adv, kl_discount=gamma)
+
+
+# name -> estimator; every estimator takes keyword arguments only and returns AdvantageParts.
+ESTIMATORS: dict[str, Callable[..., AdvantageParts]] = {
+    "rloo": rloo_advantages,
+    "grpo": grpo_advantages,
+    "reinforce": reinforce_advantages,
+    "ppo": ppo_advantages,
+    "prime-value": implicit_value_advantages,
+}
+
+
+def _masked_std(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # Unbiased std over valid entries, 0 with fewer than two; no data-dependent branch, so no
+    # host sync on a GPU.
+    n = mask.sum()
+    sq = masked_sum((x - masked_mean(x, mask)) ** 2, mask)
+    return (sq / (n - 1).clamp_min(1).to(x.dtype)).sqrt()
+
+
+def compute_advantages(
+    parts: AdvantageParts,
+    *,
+    response_mask: torch.Tensor,
+    process_coef: float = 1.0,
+    outcome_coef: float = 1.0,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """Token advantages of one batch: weight and add an estimator's parts, KL penalty, whitening.
+
+    Formula: A_t = outcome_coef * outcome_t + process_coef * process_t + baseline_t
+                   - kl_coef * sum_{s>=t} d^(s-t) kl_s,   d = parts.kl_discount,
+    0 off the mask; returns_t = A_t + values_t when parts.values is set (critic targets, before
+    whitening). Process and outcome were baselined separately by the estimator and are only now
+    added (PRIME Sec. 3.2). whiten=True standardises A over all valid tokens of the batch (the
+    reference code does; then only the ratio process_coef / outcome_coef matters).
+
+    Args:
+        parts: from an estimator in ESTIMATORS.
+        response_mask: [N, T].
+        process_coef, outcome_coef: weights of the two terms (process_coef unused when
+            parts.process is None).
+        kl: [N, T] per-token KL estimate (see `policy_loss.kl_penalty`), or None.
+        kl_coef: weight of the KL penalty.
+        whiten: standardise the final advantages.
+    Returns:
+        (advantages [N, T], returns [N, T] or None, metrics) with detached 0-dim tensor metrics:
+        adv/mean, adv/std (after whitening), adv/process_abs_mean = masked mean |process_coef *
+        process|, adv/outcome_abs_mean = masked mean |A - process share| (the outcome term plus,
+        where present, the critic baseline and the KL penalty), both before whitening.
+    """
+    mask = _mask(response_mask, parts.outcome)
+    rest = outcome_coef * parts.outcome  # [N, T]: everything but the process share
+    if parts.baseline is not None:
+        rest = rest + parts.baseline
+    if kl is not None and kl_coef != 0.0:
         _mask(mask, kl)
-        adv = adv - kl_coef * discounted_returns(kl, mask, gamma)
-    adv = _zero_off(adv, mask)
+        rest = rest - kl_coef * discounted_returns(kl, mask, parts.kl_discount)
+    proc = None if parts.process is None else process_coef * parts.process
+    adv = _zero_off(rest if proc is None else rest + proc, mask)
+    returns = None if parts.values is None else _zero_off(adv + parts.values, mask)
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=adv.dtype, device=adv.device)
+        metrics = {
+            "adv/process_abs_mean": zero if proc is None else masked_mean(proc.abs(), mask),
+            "adv/outcome_abs_mean": masked_mean(rest.abs(), mask),
+        }
     if whiten:
         adv = masked_whiten(adv, mask)
-    valid = adv[mask]
-    metrics = {
-        "adv/mean": float(valid.mean()) if valid.numel() else 0.0,
-        "adv/std": float(valid.std()) if valid.numel() > 1 else 0.0,
-        "adv/process_abs_mean": float(masked_mean(proc.abs(), mask)) if proc is not None else 0.0,
-        "adv/outcome_abs_mean": float(masked_mean(out.abs(), mask)),
-    }
-    return adv, returns, metrics
+    with torch.no_grad():
+        metrics["adv/mean"] = masked_mean(adv, mask)
+        metrics["adv/std"] = _masked_std(adv, mask)
+    return adv, returns, {k: v.detach() for k, v in metrics.items()}

@@ -19,8 +19,8 @@ def filter_groups(
     hi: float = 0.8,
     *,
     tol: float = 1e-6,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Keep every sample of a group whose mean outcome lies in [lo, hi] (inclusive).
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Keep every sample of a group whose mean outcome lies in [lo, hi] (PRIME Sec. 3.3).
 
     Formula: keep_i = lo - tol <= mean_{j in g(i)} r_o(y^j) <= hi + tol. The tolerance makes the
     bounds inclusive despite float rounding (with K = 5, 1/5 = 0.2 is kept; with K = 4 the paper's
@@ -32,8 +32,8 @@ def filter_groups(
         lo, hi: accuracy bounds, lo <= hi.
         tol: float tolerance on both bounds.
     Returns:
-        (keep [N] bool, metrics) with filter/keep_rate (kept groups / groups), filter/groups,
-        filter/kept_groups.
+        (keep [N] bool, metrics) with filter/keep_rate (kept groups / groups, 0 without groups),
+        filter/groups, filter/kept_groups, as detached 0-dim float tensors.
     """
     if lo > hi:
         raise ValueError(f"lo must be <= hi, got lo={lo}, hi={hi}")
@@ -43,10 +43,10 @@ def filter_groups(
     n_groups = counts.shape[0]
     kept = torch.zeros(n_groups, dtype=torch.bool, device=keep.device)
     kept[inverse] = keep  # all samples of a group share the decision
-    n_kept = int(kept.sum())
+    n_kept = kept.sum().to(torch.float64)
     metrics = {
-        "filter/keep_rate": n_kept / n_groups if n_groups else 0.0,
-        "filter/groups": float(n_groups),
-        "filter/kept_groups": float(n_kept),
+        "filter/keep_rate": n_kept / max(n_groups, 1),
+        "filter/groups": torch.full((), float(n_groups), dtype=torch.float64, device=keep.device),
+        "filter/kept_groups": n_kept,
     }
     return keep, metrics

@@ -4,6 +4,7 @@ Notation: N sequences (B prompts x K samples), T response tokens, `response_mask
 The implicit PRM pi_phi is a causal LM; with a frozen reference pi_ref its token reward is
     r_phi(y_t) = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t))      (PRIME Eq. 3)
 and the sequence reward is the sum over tokens, r_phi(y) = beta * log pi_phi(y) / pi_ref(y).
+Loss metrics are detached 0-dim tensors (no host sync per micro-batch); the trainer reduces them.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def prm_ce_loss(
     response_mask: torch.Tensor,
     outcome_rewards: torch.Tensor,
     beta: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy PRM loss (PRIME Sec. 3.2, Algorithm 1 line 8).
 
     Formula: L = mean_i BCE(sigmoid(R_i), r_o(y_i)),  R_i = beta * sum_t (logp_prm - logp_ref),
@@ -107,9 +108,9 @@ def prm_ce_loss(
     per_seq = -(y * F.logsigmoid(seq) + (1.0 - y) * F.logsigmoid(-seq))  # [N]
     loss = per_seq.mean()
     metrics = {
-        "prm/loss": float(loss.detach()),
-        "prm/acc_abs": float(prm_absolute_accuracy(seq.detach(), y)),
-        "prm/reward_mean": float(seq.detach().mean()),
+        "prm/loss": loss.detach(),
+        "prm/acc_abs": prm_absolute_accuracy(seq.detach(), y),
+        "prm/reward_mean": seq.detach().mean(),
     }
     return loss, metrics
 
@@ -141,7 +142,7 @@ def prm_dpo_loss(
     outcome_rewards: torch.Tensor,
     group_ids: torch.Tensor,
     beta: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Pairwise (DPO / Bradley-Terry) PRM loss within each prompt group (PRIME App. C.2 option).
 
     Formula: L = mean_{(i,j): g(i)=g(j), r_o(i) > r_o(j)} -logsigmoid(R_i - R_j),
@@ -162,15 +163,15 @@ def prm_dpo_loss(
     y = outcome_rewards.detach().to(seq.dtype)
     _check_outcomes(y, seq.shape[0])
     margin, pairs = _pair_layout(seq, y, group_ids)  # [G, Kmax, Kmax], R_i - R_j
-    n_pairs = int(pairs.sum())
-    if n_pairs == 0:
-        loss = 0.0 * seq.sum()
-    else:
-        loss = -F.logsigmoid(margin[pairs]).sum() / n_pairs
+    n_pairs = pairs.sum()
+    # Masked sum instead of margin[pairs] and an `if` on the count: both would sync with the host.
+    # With no pair the sum is an exact 0 that stays attached to the graph.
+    per_pair = torch.where(pairs, -F.logsigmoid(margin), torch.zeros_like(margin))
+    loss = per_pair.sum() / n_pairs.clamp_min(1).to(per_pair.dtype)
     metrics = {
-        "prm/loss": float(loss.detach()),
-        "prm/dpo_pairs": float(n_pairs),
-        "prm/acc_abs": float(prm_absolute_accuracy(seq.detach(), y)),
+        "prm/loss": loss.detach(),
+        "prm/dpo_pairs": n_pairs.to(per_pair.dtype),
+        "prm/acc_abs": prm_absolute_accuracy(seq.detach(), y),
     }
     return loss, metrics
 

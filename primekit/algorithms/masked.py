@@ -108,11 +108,11 @@ def masked_whiten(
         Tensor shaped like `x`.
     """
     m = _bool_mask(mask, x)
-    n = int(m.sum())
-    if n == 0:
-        return torch.zeros_like(x)
+    # No branch on the count (a host sync on a GPU): with no valid entry the mean and sum are 0
+    # and the final torch.where returns zeros.
+    n = m.sum()
     mean = masked_mean(x, m)
-    var = masked_sum((x - mean) ** 2, m) / max(n - 1, 1)
+    var = masked_sum((x - mean) ** 2, m) / (n - 1).clamp_min(1).to(x.dtype)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean

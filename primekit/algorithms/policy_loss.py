@@ -1,14 +1,15 @@
 """Policy-gradient losses: PPO clip (PRIME Eq. 6), clipped value loss, KL estimators, entropy.
 
 Notation: N sequences, T response tokens, `response_mask` [N, T]. All log-probs are of the sampled
-tokens. `agg` is a loss aggregation mode from `masked.LOSS_AGG_MODES`.
+tokens. `agg` is a loss aggregation mode from `masked.LOSS_AGG_MODES`. Metrics are detached 0-dim
+tensors (no host sync per micro-batch on a GPU); the trainer reduces them once per step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from primekit.algorithms.masked import aggregate_loss, masked_mean
+from primekit.algorithms.masked import aggregate_loss, masked_mean, masked_sum
 
 __all__ = ["entropy_loss", "kl_loss", "kl_penalty", "ppo_clip_loss", "value_loss"]
 
@@ -19,6 +20,15 @@ def _same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError(f"tensors must share one [N, T] shape, got {shapes}")
 
 
+def _masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # Unbiased variance over valid entries without a data-dependent branch (no host sync); the
+    # caller decides what fewer than two entries mean.
+    m = mask.bool()
+    n = m.sum()
+    sq = masked_sum((x - masked_mean(x, m)) ** 2, m)
+    return sq / (n - 1).clamp_min(1).to(x.dtype)
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -27,7 +37,7 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     agg: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss (Schulman et al. 2017; PRIME Eq. 6).
 
     Formula: rho_t = exp(logp_t - logp_old_t),
@@ -45,7 +55,7 @@ def ppo_clip_loss(
         clip_low, clip_high: clip range (asymmetric allowed, "clip-higher").
         agg: aggregation mode.
     Returns:
-        (loss, metrics).
+        (loss, metrics), metrics detached 0-dim tensors.
     """
     _same_shape(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
@@ -62,10 +72,10 @@ def ppo_clip_loss(
     with torch.no_grad():
         lr = log_ratio.detach()
         metrics = {
-            "policy/loss": float(loss.detach()),
-            "policy/clip_frac": float(masked_mean((clipped > unclipped).float(), response_mask)),
-            "policy/approx_kl": float(masked_mean(torch.expm1(lr) - lr, response_mask)),
-            "policy/ratio_mean": float(masked_mean(ratio.detach(), response_mask)),
+            "policy/loss": loss.detach(),
+            "policy/clip_frac": masked_mean((clipped > unclipped).float(), response_mask),
+            "policy/approx_kl": masked_mean(torch.expm1(lr) - lr, response_mask),
+            "policy/ratio_mean": masked_mean(ratio.detach(), response_mask),
         }
     return loss, metrics
 
@@ -77,13 +87,14 @@ def value_loss(
     response_mask: torch.Tensor,
     clip: float | None = 0.2,
     agg: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss (PPO as in OpenAI baselines / verl).
 
     Formula: V_clip = V_old + clip(V - V_old, -clip, clip),
       loss_t = 0.5 * max((V - R)^2, (V_clip - R)^2); clip=None gives 0.5 * (V - R)^2.
     Metrics: critic/loss, critic/clip_frac (clipped error is the larger), critic/values_mean,
-    critic/returns_mean, critic/explained_var = 1 - Var(R - V) / Var(R) over valid tokens.
+    critic/returns_mean, critic/explained_var = 1 - Var(R - V) / Var(R) over valid tokens (0 with
+    fewer than two valid tokens); all detached 0-dim tensors.
 
     Args: values [N, T] (with grad), old_values [N, T], returns [N, T], response_mask [N, T].
     Returns: (loss, metrics).
@@ -105,14 +116,14 @@ def value_loss(
     loss = aggregate_loss(loss_mat, response_mask, agg)
     with torch.no_grad():
         m = response_mask.bool()
-        v, r = values.detach()[m], ret[m]
-        var_r = r.var() if r.numel() > 1 else torch.tensor(float("nan"))
+        v = values.detach()
+        explained = 1.0 - _masked_var(ret - v, m) / _masked_var(ret, m)
         metrics = {
-            "critic/loss": float(loss.detach()),
-            "critic/clip_frac": float(masked_mean(clipped_active.float(), response_mask)),
-            "critic/values_mean": float(v.mean()) if v.numel() else 0.0,
-            "critic/returns_mean": float(r.mean()) if r.numel() else 0.0,
-            "critic/explained_var": float(1.0 - (r - v).var() / var_r) if r.numel() > 1 else 0.0,
+            "critic/loss": loss.detach(),
+            "critic/clip_frac": masked_mean(clipped_active.float(), m),
+            "critic/values_mean": masked_mean(v, m),
+            "critic/returns_mean": masked_mean(ret, m),
+            "critic/explained_var": torch.where(m.sum() > 1, explained, torch.zeros_like(explained)),
         }
     return loss, metrics
 
@@ -145,23 +156,25 @@ def kl_loss(
     response_mask: torch.Tensor,
     kind: str = "k3",
     agg: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-to-reference loss term: aggregate of `kl_penalty` over valid tokens (ref detached).
 
-    Returns: (loss, {"policy/kl": value}); the trainer multiplies by its KL coefficient.
+    Formula: loss = agg_t kl_t, kl_t from `kl_penalty(kind)`.
+    Args: logprobs [N, T] (with grad), ref_logprobs [N, T], response_mask [N, T], kind, agg.
+    Returns: (loss, {"policy/kl": detached loss}); the trainer multiplies by its KL coefficient.
     """
     kl = kl_penalty(logprobs, ref_logprobs.detach(), kind)
     loss = aggregate_loss(kl, response_mask, agg)
-    return loss, {"policy/kl": float(loss.detach())}
+    return loss, {"policy/kl": loss.detach()}
 
 
 def entropy_loss(
     entropy: torch.Tensor, response_mask: torch.Tensor, agg: str = "token-mean"
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Entropy bonus as a loss: loss = -aggregate(entropy); adding coef * loss raises entropy.
 
     Args: entropy [N, T] per-token policy entropy (with grad), response_mask [N, T].
     Returns: (loss, {"policy/entropy": aggregate(entropy)}) - the metric is the positive entropy.
     """
     ent = aggregate_loss(entropy, response_mask, agg)
-    return -ent, {"policy/entropy": float(ent.detach())}
+    return -ent, {"policy/entropy": ent.detach()}

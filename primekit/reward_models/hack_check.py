@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from primekit.algorithms.segmentation import steps
 from primekit.reward_models.dense import transform_step_rewards
 from primekit.reward_models.prm import prm_step_scores
-from primekit.reward_models.segmentation import steps
 from primekit.rollout.base import RolloutBatch
 
 __all__ = [

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
+from primekit.algorithms.segmentation import segment_batch
 from primekit.data.problem import Problem
-from primekit.reward_models.segmentation import segment_batch
 from primekit.rollout.base import RolloutBatch, SamplingParams
 
 __all__ = [

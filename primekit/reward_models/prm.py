@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from primekit.algorithms.segmentation import segment_batch, steps
 from primekit.config import Config
 from primekit.reward_models.heads import batch_response_logits, fit_reward_model, init_reward_model
 from primekit.reward_models.orm import binary_metrics
-from primekit.reward_models.segmentation import segment_batch, steps
 from primekit.rollout.base import RolloutBatch
 
 __all__ = ["gather_steps", "prm_step_loss", "prm_step_scores", "train_prm"]

@@ -5,6 +5,7 @@ import torch
 
 from primekit.algorithms.advantages import (
     ESTIMATORS,
+    AdvantageParts,
     broadcast_outcome_advantages,
     compute_advantages,
     discounted_returns,
@@ -13,17 +14,20 @@ from primekit.algorithms.advantages import (
     implicit_value_advantages,
     implicit_values,
     normalize_by_max_abs_return,
+    ppo_advantages,
     ppo_token_rewards,
     prime_grpo_process_returns,
     prime_reinforce_process_returns,
     prime_rloo_process_returns,
     reinforce_outcome_advantages,
+    rloo_advantages,
     rloo_outcome_advantages,
 )
 from primekit.algorithms.implicit_prm import implicit_token_rewards
 
 D = torch.float64
 NAN = float("nan")
+SEEDS = [0, 1, 2, 3, 4]
 
 
 def random_batch(seed: int, n_groups: int = 4, max_k: int = 5, T: int = 9):
@@ -41,6 +45,25 @@ def random_batch(seed: int, n_groups: int = 4, max_k: int = 5, T: int = 9):
     values = torch.where(mask, torch.rand(n, T, generator=g, dtype=D), torch.full_like(tr, NAN))
     kl = torch.where(mask, torch.rand(n, T, generator=g, dtype=D) * 0.1, torch.full_like(tr, NAN))
     return tr, mask, ids, outcome, values, kl
+
+
+def estimator_kwargs(name, tr, mask, ids, outcome, values, gamma=1.0, lam=1.0, **options):
+    """Keyword arguments of ESTIMATORS[name], as a trainer builds them from its config."""
+    data = dict(outcome_rewards=outcome, response_mask=mask, token_rewards=tr)
+    per_estimator = {
+        "rloo": dict(group_ids=ids, gamma=gamma),
+        "grpo": dict(group_ids=ids, gamma=gamma),
+        "reinforce": dict(gamma=gamma),
+        "ppo": dict(values=values, gamma=gamma, lam=lam),
+        "prime-value": dict(gamma=gamma, lam=lam),
+    }
+    return data | per_estimator[name] | options
+
+
+def run_estimator(name, tr, mask, ids, outcome, values, gamma=1.0, lam=1.0, options=None, **kw):
+    """ESTIMATORS[name] then compute_advantages(**kw): the trainer's two calls."""
+    kwargs = estimator_kwargs(name, tr, mask, ids, outcome, values, gamma, lam, **(options or {}))
+    return compute_advantages(ESTIMATORS[name](**kwargs), response_mask=mask, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +265,60 @@ def test_broadcast_outcome_discounts_from_last_token():
     assert torch.allclose(got, torch.tensor([[0.5, 1.0, 2.0], [-1.0, 0.0, 0.0]], dtype=D))
 
 
+def test_eq5_outcome_term_undiscounted_by_default_and_discounted_option_hand():
+    # One group of two, gamma = 0.5. A: 3 tokens r = [0.2, 0.4, 0.0] (mean 0.2), outcome 1;
+    # B: 2 tokens r = [0.6, 0.2] (mean 0.4), outcome 0.
+    tr = torch.tensor([[0.2, 0.4, 0.0], [0.6, 0.2, NAN]], dtype=D)
+    m = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    kw = dict(
+        outcome_rewards=torch.tensor([1.0, 0.0], dtype=D),
+        response_mask=m,
+        group_ids=torch.tensor([4, 4]),
+        token_rewards=tr,
+        gamma=0.5,
+    )
+    # Process term (Eq. 5, leave-one-out): A's baseline = mean(B) = 0.4 -> shaped [-0.2, 0, -0.4]
+    #   returns: t2 = -0.4, t1 = 0 + 0.5 * -0.4 = -0.2, t0 = -0.2 + 0.5 * -0.2 = -0.3;
+    # B's baseline = mean(A) = 0.2 -> shaped [0.4, 0] -> returns t1 = 0, t0 = 0.4.
+    # Outcome term: A 1 - 0 = 1, B 0 - 1 = -1.
+    # Eq. 5 as printed (default): outcome added undiscounted at every token:
+    #   A [-0.3 + 1, -0.2 + 1, -0.4 + 1] = [0.7, 0.8, 0.6]; B [0.4 - 1, 0 - 1] = [-0.6, -1]
+    adv, _, _ = compute_advantages(rloo_advantages(**kw), response_mask=m)
+    assert torch.allclose(adv, torch.tensor([[0.7, 0.8, 0.6], [-0.6, -1.0, 0.0]], dtype=D))
+    # discount_outcome=True (reference code): outcome times 0.5^(L-1-t):
+    #   A outcome [0.25, 0.5, 1] -> [-0.05, 0.3, 0.6]; B [-0.5, -1] -> [-0.1, -1.0]
+    adv_d, _, _ = compute_advantages(rloo_advantages(**kw, discount_outcome=True), response_mask=m)
+    assert torch.allclose(adv_d, torch.tensor([[-0.05, 0.3, 0.6], [-0.1, -1.0, 0.0]], dtype=D))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_discounted_outcome_is_the_last_token_reward_inside_the_return(seed):
+    # The reference code's form: the outcome advantage is a reward on the last valid token, summed
+    # into the same discounted reward-to-go as the baselined process rewards.
+    tr, mask, ids, outcome, *_ = random_batch(seed)
+    gamma = 0.8
+    parts = rloo_advantages(
+        outcome_rewards=outcome,
+        response_mask=mask,
+        group_ids=ids,
+        token_rewards=tr,
+        gamma=gamma,
+        discount_outcome=True,
+    )
+    adv, _, _ = compute_advantages(parts, response_mask=mask)
+    r_out = ppo_token_rewards(rloo_outcome_advantages(outcome, ids), mask)  # A_out on last token
+    expected = prime_rloo_process_returns(tr, mask, ids, gamma) + discounted_returns(
+        r_out, mask, gamma
+    )
+    assert torch.allclose(adv, expected, atol=1e-12)
+    # with gamma = 1 both forms coincide
+    kw = dict(outcome_rewards=outcome, response_mask=mask, group_ids=ids, token_rewards=tr)
+    for est in (rloo_advantages, ESTIMATORS["grpo"]):
+        a, _, _ = compute_advantages(est(**kw, discount_outcome=True), response_mask=mask)
+        b, _, _ = compute_advantages(est(**kw, discount_outcome=False), response_mask=mask)
+        assert torch.equal(a, b)
+
+
 def test_ppo_token_rewards_hand():
     m = torch.tensor([[1, 1, 1], [1, 1, 0]])
     tr = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, NAN]], dtype=D)
@@ -258,11 +335,20 @@ def test_implicit_value_advantages_hand():
     r_o = torch.tensor([1.0], dtype=D)
     # V_t = sum_{s<t} r_s = [0, 0.1, 0.3]; gamma = lam = 1: A_t = r_o - V_t = [1, 0.9, 0.7]
     assert torch.allclose(implicit_values(tr, m), torch.tensor([[0.0, 0.1, 0.3]], dtype=D))
-    adv, values = implicit_value_advantages(r_o, tr, m)
-    assert torch.allclose(adv, torch.tensor([[1.0, 0.9, 0.7]], dtype=D))
+    parts = implicit_value_advantages(outcome_rewards=r_o, token_rewards=tr, response_mask=m)
+    assert torch.allclose(parts.outcome, torch.tensor([[1.0, 0.9, 0.7]], dtype=D))
+    assert parts.process is None and parts.values is None and parts.kl_discount == 1.0
     # lam = 0: A_t = V_{t+1} - V_t = r_t for t < last, and r_o - V_last = 0.7 at the last token
-    adv0, _ = implicit_value_advantages(r_o, tr, m, lam=0.0)
+    adv0 = implicit_value_advantages(
+        outcome_rewards=r_o, token_rewards=tr, response_mask=m, lam=0.0
+    ).outcome
     assert torch.allclose(adv0, torch.tensor([[0.1, 0.2, 0.7]], dtype=D))
+    # value_transform="sigmoid": V = sigmoid([0, 0.1, 0.3]); gamma = lam = 1: A_t = r_o - V_t
+    sig = implicit_value_advantages(
+        outcome_rewards=r_o, token_rewards=tr, response_mask=m, value_transform="sigmoid"
+    ).outcome
+    expected = 1.0 - torch.sigmoid(torch.tensor([[0.0, 0.1, 0.3]], dtype=D))
+    assert torch.allclose(sig, expected)
     # inclusive indexing shifts the baseline by the token's own reward: V = [0.1, 0.3, 0.2]
     vi = implicit_values(tr, m, include_current_token=True)
     assert torch.allclose(vi, torch.tensor([[0.1, 0.3, 0.2]], dtype=D))
@@ -280,8 +366,6 @@ def test_normalize_by_max_abs_return_hand():
 
 # ---------------------------------------------------------------------------------------------
 # loop-reference vs vectorised, ragged lengths, non-contiguous groups
-
-SEEDS = [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -328,8 +412,10 @@ def test_gae_and_returns_match_loop(seed, gamma, lam):
     assert torch.allclose(discounted_returns(tr, mask, gamma), rtg.to(D), atol=1e-10)
 
 
-def loop_compute(estimator, tr, mask, ids, outcome, values, kl, gamma, lam, pc, oc, kl_coef):
-    """compute_advantages rebuilt from the loop references."""
+def loop_compute(
+    estimator, tr, mask, ids, outcome, values, kl, gamma, lam, pc, oc, kl_coef, discount_outcome
+):
+    """ESTIMATORS + compute_advantages rebuilt from the loop references."""
     if estimator == "ppo":
         rewards = ref_ppo_rewards(outcome, mask, tr, kl, kl_coef, pc, oc)
         return ref_gae(rewards, values, mask, gamma, lam)
@@ -346,7 +432,9 @@ def loop_compute(estimator, tr, mask, ids, outcome, values, kl, gamma, lam, pc, 
         kind = {"rloo": ("rloo", "eq5"), "grpo": ("grpo", "grpo")}.get(
             estimator, ("reinforce-batch-mean", "reinforce-batch-mean")
         )
-        out = ref_broadcast(ref_outcome(outcome, ids, kind[0]), mask, gamma)
+        out = ref_broadcast(
+            ref_outcome(outcome, ids, kind[0]), mask, gamma if discount_outcome else 1.0
+        )
         adv = oc * out + pc * ref_process(tr, mask, ids, gamma, kind[1])
     kl_rtg = torch.tensor(
         [ref_pad(ref_rtg(ref_valid(kl[i], mask[i]), gamma), mask.shape[1]) for i in range(len(kl))],
@@ -355,27 +443,44 @@ def loop_compute(estimator, tr, mask, ids, outcome, values, kl, gamma, lam, pc, 
     return adv - kl_coef * kl_rtg, None
 
 
+def test_estimator_registry():
+    assert set(ESTIMATORS) == {"rloo", "grpo", "reinforce", "ppo", "prime-value"}
+    assert ESTIMATORS["rloo"] is rloo_advantages and ESTIMATORS["ppo"] is ppo_advantages
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
-def test_compute_advantages_matches_loop(seed, estimator):
+@pytest.mark.parametrize(
+    ("estimator", "discount_outcome"),
+    [
+        (e, d)
+        for e in sorted(ESTIMATORS)
+        for d in (True, False)
+        if d or e in {"rloo", "grpo", "reinforce"}
+    ],
+)
+def test_compute_advantages_matches_loop(seed, estimator, discount_outcome):
     tr, mask, ids, outcome, values, kl = random_batch(seed)
     gamma, lam, pc, oc, kl_coef = 0.95, 0.9, 0.7, 2.0, 0.05
-    adv, ret, metrics = compute_advantages(
+    options = {}
+    if estimator in {"rloo", "grpo", "reinforce"}:
+        options["discount_outcome"] = discount_outcome
+    adv, ret, metrics = run_estimator(
         estimator,
-        outcome_rewards=outcome,
-        response_mask=mask,
-        group_ids=ids,
-        token_rewards=tr,
-        values=values,
-        gamma=gamma,
-        lam=lam,
+        tr,
+        mask,
+        ids,
+        outcome,
+        values,
+        gamma,
+        lam,
+        options,
         process_coef=pc,
         outcome_coef=oc,
         kl=kl,
         kl_coef=kl_coef,
     )
     adv_ref, ret_ref = loop_compute(
-        estimator, tr, mask, ids, outcome, values, kl, gamma, lam, pc, oc, kl_coef
+        estimator, tr, mask, ids, outcome, values, kl, gamma, lam, pc, oc, kl_coef, discount_outcome
     )
     assert torch.allclose(adv, adv_ref, atol=1e-9)
     if estimator == "ppo":
@@ -383,19 +488,22 @@ def test_compute_advantages_matches_loop(seed, estimator):
     else:
         assert ret is None
     assert set(metrics) == {"adv/mean", "adv/std", "adv/process_abs_mean", "adv/outcome_abs_mean"}
-    assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+    for v in metrics.values():  # detached 0-dim tensors: the trainer reduces them once per step
+        assert isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad
+        assert math.isfinite(float(v))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_compute_advantages_rloo_reference_variant_and_whiten(seed):
     tr, mask, ids, outcome, *_ = random_batch(seed)
-    adv, _, metrics = compute_advantages(
+    adv, _, metrics = run_estimator(
         "rloo",
-        outcome_rewards=outcome,
-        response_mask=mask,
-        group_ids=ids,
-        token_rewards=tr,
-        rloo_variant="reference",
+        tr,
+        mask,
+        ids,
+        outcome,
+        None,
+        options={"variant": "reference"},
         process_coef=5.0,
         outcome_coef=5.0,
         whiten=True,
@@ -408,8 +516,8 @@ def test_compute_advantages_rloo_reference_variant_and_whiten(seed):
         mask, (raw - v.mean()) / torch.sqrt(v.var() + 1e-8), torch.zeros_like(raw)
     )
     assert torch.allclose(adv, expected, atol=1e-9)
-    assert metrics["adv/mean"] == pytest.approx(0.0, abs=1e-9)
-    assert metrics["adv/std"] == pytest.approx(1.0, abs=1e-6)
+    assert float(metrics["adv/mean"]) == pytest.approx(0.0, abs=1e-9)
+    assert float(metrics["adv/std"]) == pytest.approx(1.0, abs=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,11 +535,10 @@ def test_prm_equal_to_reference_gives_zero_process_advantage(seed):
         )
     assert torch.equal(prime_grpo_process_returns(tr, mask, ids), torch.zeros_like(tr))
     for est in sorted(ESTIMATORS):
-        kw = dict(outcome_rewards=outcome, response_mask=mask, group_ids=ids, values=values)
-        with_prm, _, metrics = compute_advantages(est, token_rewards=tr, **kw)
-        assert metrics["adv/process_abs_mean"] == 0.0, est
+        with_prm, _, metrics = run_estimator(est, tr, mask, ids, outcome, values)
+        assert float(metrics["adv/process_abs_mean"]) == 0.0, est
         if est != "prime-value":  # there the PRM is the value model, not a reward
-            outcome_only, _, _ = compute_advantages(est, **kw)
+            outcome_only, _, _ = run_estimator(est, None, mask, ids, outcome, values)
             assert torch.equal(with_prm, outcome_only), est
 
 
@@ -490,33 +597,45 @@ def test_rloo_variants_agree_on_first_token_with_gamma_one(seed):
 
 def test_ppo_parts_decompose_and_returns_are_adv_plus_values():
     tr, mask, ids, outcome, values, _ = random_batch(7)
-    adv, ret, metrics = compute_advantages(
-        "ppo",
-        outcome_rewards=outcome,
-        response_mask=mask,
-        group_ids=ids,
-        token_rewards=tr,
-        values=values,
-        gamma=1.0,
-        lam=0.95,
-    )
+    adv, ret, metrics = run_estimator("ppo", tr, mask, ids, outcome, values, gamma=1.0, lam=0.95)
     assert torch.allclose(ret, torch.where(mask, adv + values, torch.zeros_like(adv)))
     proc, _ = gae_advantages(torch.nan_to_num(tr), torch.zeros_like(tr), mask, 1.0, 0.95)
-    assert metrics["adv/process_abs_mean"] == pytest.approx(proc[mask].abs().mean().item())
-
-
-def test_compute_advantages_errors():
-    m = torch.ones(2, 3)
-    kw = dict(
-        outcome_rewards=torch.tensor([1.0, 0.0]), response_mask=m, group_ids=torch.tensor([0, 0])
+    assert float(metrics["adv/process_abs_mean"]) == pytest.approx(proc[mask].abs().mean().item())
+    # the parts add up to the one-shot GAE on the summed rewards (GAE is linear)
+    parts = ppo_advantages(
+        outcome_rewards=outcome, response_mask=mask, values=values, token_rewards=tr, lam=0.95
     )
-    with pytest.raises(ValueError, match="unknown estimator"):
-        compute_advantages("a2c", **kw)
+    one_shot, _ = gae_advantages(ppo_token_rewards(outcome, mask, tr), values, mask, 1.0, 0.95)
+    summed = parts.outcome + parts.process + parts.baseline
+    assert torch.allclose(summed, one_shot, atol=1e-12)
+    assert parts.kl_discount == 0.95
+
+
+def test_estimator_errors():
+    m = torch.ones(2, 3)
+    o, g = torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
     with pytest.raises(ValueError, match="values"):
-        compute_advantages("ppo", **kw)
+        ppo_advantages(outcome_rewards=o, response_mask=m, values=None)
     with pytest.raises(ValueError, match="token_rewards"):
-        compute_advantages("prime-value", **kw)
+        implicit_value_advantages(outcome_rewards=o, response_mask=m, token_rewards=None)
     with pytest.raises(ValueError, match="variant"):
-        compute_advantages("rloo", token_rewards=torch.zeros(2, 3), rloo_variant="eq6", **kw)
+        rloo_advantages(
+            outcome_rewards=o,
+            response_mask=m,
+            group_ids=g,
+            token_rewards=torch.zeros(2, 3),
+            variant="eq6",
+        )
     with pytest.raises(ValueError, match="baseline"):
-        compute_advantages("reinforce", reinforce_baseline="ema", **kw)
+        ESTIMATORS["reinforce"](outcome_rewards=o, response_mask=m, baseline="ema")
+    with pytest.raises(ValueError, match="transform"):
+        ESTIMATORS["prime-value"](
+            outcome_rewards=o,
+            response_mask=m,
+            token_rewards=torch.zeros(2, 3),
+            value_transform="tanh",
+        )
+    with pytest.raises(ValueError, match="gamma"):
+        rloo_advantages(outcome_rewards=o, response_mask=m, group_ids=g, gamma=1.5)
+    with pytest.raises(ValueError, match="response_mask"):
+        compute_advantages(AdvantageParts(torch.zeros(2, 3)), response_mask=torch.ones(2, 4))

@@ -40,12 +40,14 @@ def test_prm_ce_loss_hand():
     # -log sigmoid(1) = log(1 + e^-1) = 0.313262; -log sigmoid(-1) = log(1 + e) = 1.313262
     expected = (math.log1p(math.exp(-1)) + math.log1p(math.e)) / 2
     assert loss.item() == pytest.approx(expected)
-    assert m["prm/loss"] == pytest.approx(expected)
-    assert m["prm/acc_abs"] == pytest.approx(0.5)  # R > 0 predicts "correct" for both
+    assert float(m["prm/loss"]) == pytest.approx(expected)
+    assert float(m["prm/acc_abs"]) == pytest.approx(0.5)  # R > 0 predicts "correct" for both
     # untrained PRM (R = 0): log 2 whatever the label, soft labels included
     z = torch.zeros(3, 2, dtype=D)
     loss0, _ = prm_ce_loss(z, z, torch.ones(3, 2), torch.tensor([1.0, 0.0, 0.5], dtype=D), 0.05)
     assert loss0.item() == pytest.approx(math.log(2))
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in m.values())
+    assert not any(v.requires_grad for v in m.values())
 
 
 def test_prm_ce_gradient_matches_hand_derivation_and_finite_differences():
@@ -97,7 +99,8 @@ def test_prm_dpo_loss_hand():
     loss, m = prm_dpo_loss(prm, ref, torch.ones(4, 1), y, gid, beta=1.0)
     # -log sigmoid(R0 - R2) = -log sigmoid(1) = 0.313262
     assert loss.item() == pytest.approx(math.log1p(math.exp(-1)))
-    assert m["prm/dpo_pairs"] == 1.0
+    assert float(m["prm/dpo_pairs"]) == 1.0
+    assert not m["prm/loss"].requires_grad  # detached: logging it keeps no graph alive
     loss.backward()
     s = 1 - 1 / (1 + math.exp(-1))  # 1 - sigmoid(1)
     assert torch.allclose(prm.grad[:, 0], torch.tensor([-s, 0.0, s, 0.0], dtype=D))
@@ -109,7 +112,7 @@ def test_prm_dpo_loss_without_pairs_is_zero_and_differentiable():
     loss, m = prm_dpo_loss(
         prm, torch.zeros(4, 3), torch.ones(4, 3), y, torch.tensor([0, 0, 1, 1]), 0.05
     )
-    assert loss.item() == 0.0 and m["prm/dpo_pairs"] == 0.0
+    assert loss.item() == 0.0 and float(m["prm/dpo_pairs"]) == 0.0
     loss.backward()
     assert torch.equal(prm.grad, torch.zeros(4, 3))
 
@@ -177,5 +180,5 @@ def test_prm_dpo_loss_matches_loop(seed):
         if gid[i] == gid[j] and y[i] > y[j]
     ]
     loss, m = prm_dpo_loss(prm, ref, mask, y, gid, beta=0.3)
-    assert m["prm/dpo_pairs"] == len(terms)
+    assert float(m["prm/dpo_pairs"]) == len(terms)
     assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-10)

@@ -144,8 +144,8 @@ def test_orm_fit_reduces_loss(tiny_model_dir):
 
 
 def test_prm_fit_reduces_loss_on_step_labels(tiny_model_dir):
+    from primekit.algorithms.segmentation import segment_batch
     from primekit.models.hf import load_tokenizer
-    from primekit.reward_models.segmentation import segment_batch
 
     tok = load_tokenizer(tiny_model_dir)
     batch, y = _arith_batch(tok, 16)

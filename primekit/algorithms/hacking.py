@@ -1,6 +1,6 @@
 """Reward-hacking diagnostics, logged every RL step for every reward mode.
 
-Gao et al. (Sec. 4.1, Fig. 3) see PRM reward hacking as many short, useless or repeated steps and
+Gao et al. (arXiv 2410.15115, Sec. 4.1, Fig. 3) see PRM reward hacking as many short, useless or repeated steps and
 longer responses, while the dense return keeps rising. These metrics watch for exactly that:
 step count, repetition (of whole steps and of n-grams), length, the dense return and whether the
 dense return still tracks success (Pearson correlation per response).
@@ -10,6 +10,10 @@ earlier in the same response ("rep-n" of Welleck et al. 2019), over word tokens:
 digits/underscore, or any single other non-space character, so "7*2=14" is ["7","*","2","=","14"].
 Characters would make every number a repeat; whitespace words would make a whole arithmetic step
 one word.
+
+Metrics are detached 0-dim float64 tensors, like the other algorithms' metrics: the text
+statistics on the CPU, the dense-reward ones on token_rewards' device (no host sync); undefined
+ones are NaN, which the trainer drops.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import re
 
 import torch
 
-from primekit.reward_models.segmentation import steps
+from primekit.algorithms.masked import masked_sum
+from primekit.algorithms.segmentation import steps
 
 __all__ = [
     "pearson",
@@ -66,20 +71,23 @@ def repeated_ngram_share(text: str, n: int = 4) -> tuple[int, int]:
     return repeats, total
 
 
-def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Pearson correlation of two [N] vectors; NaN when N < 2 or either is constant."""
-    x, y = x.double().flatten(), y.double().flatten()
+def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation of two vectors; NaN when N < 2 or either is constant.
+
+    Formula: sum dx dy / sqrt(sum dx^2 * sum dy^2), dx = x - mean x, dy = y - mean y.
+    Args: x [N], y [N] (same device). Returns: 0-dim float64 tensor on x's device.
+    """
+    x, y = x.detach().double().flatten(), y.detach().double().flatten()
     if x.shape != y.shape:
         raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must have the same length")
     if len(x) < 2:
-        return math.nan
+        return torch.full((), math.nan, dtype=torch.float64, device=x.device)
     dx, dy = x - x.mean(), y - y.mean()
-    den = math.sqrt(float((dx * dx).sum()) * float((dy * dy).sum()))
+    den = ((dx * dx).sum() * (dy * dy).sum()).sqrt()
     # A vector constant up to rounding has a spread ~1e-16 of its scale: treat it as constant.
-    scale = max(float(x.abs().max()), float(y.abs().max()), 1.0)
-    if den <= 1e-12 * scale * scale:
-        return math.nan
-    return float((dx * dy).sum()) / den
+    scale = torch.maximum(torch.maximum(x.abs().max(), y.abs().max()), torch.ones_like(den))
+    nan = torch.full_like(den, math.nan)
+    return torch.where(den <= 1e-12 * scale * scale, nan, (dx * dy).sum() / den)
 
 
 def reward_hacking_metrics(
@@ -90,8 +98,8 @@ def reward_hacking_metrics(
     token_rewards: torch.Tensor | None,
     response_mask: torch.Tensor,
     ngram: int = 4,
-) -> dict[str, float]:
-    """Per-batch reward-hacking diagnostics (keys under "hack/").
+) -> dict[str, torch.Tensor]:
+    """Per-batch reward-hacking diagnostics, keys under "hack/" (Gao et al. Sec. 4.1, Fig. 3).
 
     hack/steps_per_response: mean number of steps (segmentation.steps with step_delimiter).
     hack/repeated_step_share: repeated steps / all steps, pooled over the batch.
@@ -106,6 +114,9 @@ def reward_hacking_metrics(
         responses: N decoded responses; outcome_rewards: [N]; token_rewards: [N, T] dense rewards
         (PRIME's implicit rewards, or the explicit RM's, before any coefficient) or None;
         response_mask: [N, T].
+        ngram: n of the repeated n-gram share.
+    Returns:
+        {name: detached 0-dim float64 tensor}; NaN where undefined (e.g. an empty batch).
     """
     n = len(responses)
     if outcome_rewards.shape != (n,) or response_mask.dim() != 2 or response_mask.shape[0] != n:
@@ -123,18 +134,20 @@ def reward_hacking_metrics(
     n_steps = sum(len(s) for s in step_lists)
     grams = [repeated_ngram_share(r, ngram) for r in responses]
     rep_grams, n_grams = sum(g[0] for g in grams), sum(g[1] for g in grams)
-    mask = response_mask.float().cpu()
-    out = {
+    text = {
         "hack/steps_per_response": n_steps / n if n else math.nan,
         "hack/repeated_step_share": rep_steps / n_steps if n_steps else 0.0,
         "hack/repeated_ngram_share": rep_grams / n_grams if n_grams else 0.0,
         "hack/response_len_chars": sum(len(r) for r in responses) / n if n else math.nan,
-        "hack/response_len_tokens": float(mask.sum(1).mean()) if n else math.nan,
-        "hack/dense_return_mean": math.nan,
-        "hack/dense_success_corr": math.nan,
     }
+    out = {k: torch.tensor(v, dtype=torch.float64) for k, v in text.items()}
+    mask = response_mask.bool()
+    # mean of an empty [0] tensor is NaN, the value an empty batch should report
+    out["hack/response_len_tokens"] = mask.sum(1).double().mean()
+    nan = torch.full((), math.nan, dtype=torch.float64, device=mask.device)
+    out["hack/dense_return_mean"] = out["hack/dense_success_corr"] = nan
     if token_rewards is not None and n:
-        dense_return = (token_rewards.detach().float().cpu() * mask).sum(1)  # [N]
-        out["hack/dense_return_mean"] = float(dense_return.mean())
-        out["hack/dense_success_corr"] = pearson(dense_return, outcome_rewards.float().cpu())
+        dense_return = masked_sum(token_rewards.detach().double(), mask, dim=1)  # [N]
+        out["hack/dense_return_mean"] = dense_return.mean()
+        out["hack/dense_success_corr"] = pearson(dense_return, outcome_rewards.to(dense_return.device))
     return out

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from primekit.reward_models.diagnostics import (
+from primekit.algorithms.hacking import (
     pearson,
     repeated_ngram_share,
     repeated_step_share,
@@ -33,9 +33,9 @@ def test_repeated_steps_compare_stripped_text():
 
 def test_pearson_hand_computed_and_undefined():
     # x = [1, 2, 3], y = [0, 0, 1]: sum dx dy = 1, sum dx^2 = 2, sum dy^2 = 2/3 -> 1/sqrt(4/3).
-    assert pearson(torch.tensor([1.0, 2, 3]), torch.tensor([0.0, 0, 1])) == pytest.approx(
-        math.sqrt(3) / 2
-    )
+    r = pearson(torch.tensor([1.0, 2, 3]), torch.tensor([0.0, 0, 1]))
+    assert isinstance(r, torch.Tensor) and r.dim() == 0
+    assert float(r) == pytest.approx(math.sqrt(3) / 2)
     assert math.isnan(pearson(torch.tensor([1.0, 2]), torch.tensor([1.0, 1.0])))
     assert math.isnan(pearson(torch.tensor([1.0]), torch.tensor([0.0])))
     rng = random.Random(0)
@@ -43,7 +43,7 @@ def test_pearson_hand_computed_and_undefined():
     y = 3 * x + torch.tensor([rng.random() * 0.1 for _ in range(50)], dtype=torch.float64)
     import numpy as np
 
-    assert pearson(x, y) == pytest.approx(float(np.corrcoef(x.numpy(), y.numpy())[0, 1]))
+    assert float(pearson(x, y)) == pytest.approx(float(np.corrcoef(x.numpy(), y.numpy())[0, 1]))
 
 
 def test_reward_hacking_metrics_hand_computed():
@@ -63,18 +63,18 @@ def test_reward_hacking_metrics_hand_computed():
         ngram=4,
     )
     # steps: 2, 4, 1 -> 7/3; repeated steps: the 2nd and 3rd "1+1=2" -> 2 of 7.
-    assert m["hack/steps_per_response"] == pytest.approx(7 / 3)
-    assert m["hack/repeated_step_share"] == pytest.approx(2 / 7)
+    assert float(m["hack/steps_per_response"]) == pytest.approx(7 / 3)
+    assert float(m["hack/repeated_step_share"]) == pytest.approx(2 / 7)
     # words: r0 "3 + 4 = 7 A : 7" -> 8 words, 5 4-grams, none repeated.
     # r1: "1 + 1 = 2" three times, then "A : 2" -> 18 words, 15 4-grams (i = 0..14). The 4-grams at
     # i = 0..4 are new; i = 5..11 repeat the ones 5 earlier (7 repeats); i = 12..14 reach into
     # "A : 2" and are new. r2 "A : 5" has no 4-gram. Share: 7 / (5 + 15 + 0).
-    assert m["hack/repeated_ngram_share"] == pytest.approx(7 / 20)
-    assert m["hack/response_len_chars"] == pytest.approx((9 + 21 + 3) / 3)
-    assert m["hack/response_len_tokens"] == pytest.approx((10 + 22 + 4) / 3)
-    assert m["hack/dense_return_mean"] == pytest.approx(2.0)
+    assert float(m["hack/repeated_ngram_share"]) == pytest.approx(7 / 20)
+    assert float(m["hack/response_len_chars"]) == pytest.approx((9 + 21 + 3) / 3)
+    assert float(m["hack/response_len_tokens"]) == pytest.approx((10 + 22 + 4) / 3)
+    assert float(m["hack/dense_return_mean"]) == pytest.approx(2.0)
     # returns [1, 2, 3] vs outcomes [0, 0, 1]: sqrt(3)/2 (see test_pearson_hand_computed)
-    assert m["hack/dense_success_corr"] == pytest.approx(math.sqrt(3) / 2)
+    assert float(m["hack/dense_success_corr"]) == pytest.approx(math.sqrt(3) / 2)
 
 
 def test_outcome_only_has_nan_dense_metrics():
@@ -86,7 +86,9 @@ def test_outcome_only_has_nan_dense_metrics():
         response_mask=torch.ones(2, 4),
     )
     assert math.isnan(m["hack/dense_return_mean"]) and math.isnan(m["hack/dense_success_corr"])
-    assert m["hack/steps_per_response"] == 1.0 and m["hack/repeated_step_share"] == 0.0
+    assert float(m["hack/steps_per_response"]) == 1.0
+    assert float(m["hack/repeated_step_share"]) == 0.0
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in m.values())
     assert set(m) == {
         "hack/steps_per_response",
         "hack/repeated_step_share",

@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from primekit.models.tiny import build_char_tokenizer
-from primekit.reward_models.segmentation import (
+from primekit.algorithms.segmentation import (
     segment_batch,
     step_end_token_positions,
     step_spans,
     steps,
     token_char_ends,
 )
+from primekit.models.tiny import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

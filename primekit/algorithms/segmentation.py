@@ -1,6 +1,6 @@
 """Reasoning steps of a response: where they end in the text and on which token.
 
-A step ends at a delimiter (Gao et al. Sec. 3: "reasoning steps can be parsed with rule-based
+A step ends at a delimiter (Gao et al., arXiv 2410.15115, Sec. 3: "reasoning steps can be parsed with rule-based
 detectors"). The delimiter is a literal string ("\\n" for the arithmetic task, "\\n\\n" for a blank
 line) or, prefixed with "re:", a regular expression; the text is cut right after every match and
 each non-empty piece is one step, the delimiter belonging to the step it closes. A zero-width
