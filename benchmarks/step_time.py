@@ -19,9 +19,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from primekit.cli import resolve_config
-from primekit.config import load_config
-from primekit.trainer.rl import RLTrainer
+from primekit.config import load_config, resolve_config
+from primekit.factory import build_rl_trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("prime", "outcome"):
         cfg = load_config(resolve_config(args.config), [
             f"model.policy={args.policy}", f"algorithm.reward_mode={mode}",
-            f"train.run_dir={args.run_dir}/{mode}", "train.tensorboard=false", *args.overrides])
-        trainers[mode] = RLTrainer(cfg)
+            f"train.run_dir={args.run_dir}/{mode}", "train.report_to=[]", *args.overrides])
+        trainers[mode] = build_rl_trainer(cfg)
 
     timings: dict[str, list[dict[str, float]]] = {mode: [] for mode in trainers}
     for step in range(args.warmup + args.steps):
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = mean("prime", "step") / mean("outcome", "step")
     console.print(f"PRIME / RLOO step time: {ratio:.3f}x  (paper, Table 2: 680.3 / 530.7 = 1.28x)")
     cfg = trainers["prime"].cfg
-    console.print(f"config: {args.config}, prm.overlap={cfg.prm.overlap}, "
+    console.print(f"config: {args.config}, "
                   f"prm.reference={cfg.prm.reference}, policy.old_logprobs={cfg.policy.old_logprobs}, "
                   f"train.threads={cfg.train.threads}")
     return 0

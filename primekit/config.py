@@ -1,27 +1,47 @@
-"""Configuration: nested dataclasses are the one home of every default.
+"""Configuration: nested dataclasses are the one home of every setting, default and choice.
 
-A run is configured by a YAML file plus dotted command-line overrides (`prm.beta=0.1`). Unknown keys,
-values of the wrong type and impossible combinations fail at start with a message that names the
-field. Defaults are the PRIME paper's 7B values where they apply (Sec. 4.1 / App. of arXiv
-2502.01456); `configs/tiny.yaml` scales them down for the CPU demo.
+A run is configured by a YAML file plus dotted command-line overrides (`prm.beta=0.1`, the value
+parsed as YAML). pydantic validates the merged mapping against the dataclasses below: a field's
+annotation is its type, its range (`Positive`, `Fraction`, ...) and, for `Literal[...]`, its list
+of choices. Unknown keys, values of the wrong type or out of range and impossible combinations
+fail at start with a one-line `ConfigError` that starts with the dotted field name. Defaults are
+the PRIME paper's 7B values where they apply (Sec. 4.1 / App. of arXiv 2502.01456);
+`configs/tiny.yaml` scales them down for the CPU demo.
 """
 
-from __future__ import annotations
-
 import dataclasses
-import types
-import typing
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+
+# The packaged YAML configs, found by name with `--config tiny`.
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+Positive = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+UnitInterval = Annotated[float, Field(ge=0, le=1)]  # [0, 1]
+Fraction = Annotated[float, Field(gt=0, le=1)]  # (0, 1]
 
 
 class ConfigError(ValueError):
     """A configuration value or combination that cannot work; the message names the field."""
 
 
+# Wrong keys fail instead of being ignored; YAML numbers are accepted for strings (a model name
+# like `123`); nan/inf are never a meaningful setting here.
+_PYDANTIC = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
+
+# Applied to every section below.
+_validated = with_config(_PYDANTIC)
+
+
+@_validated
 @dataclass
 class ModelConfig:
     # HF directory or hub id of the policy's starting point (the SFT checkpoint for RL).
@@ -32,179 +52,289 @@ class ModelConfig:
     ref: str | None = None
     # PPO critic initialisation; None = the policy's checkpoint (a fresh scalar head on top).
     critic: str | None = None
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     use_chat_template: bool = False
     system_prompt: str | None = None
     trust_remote_code: bool = False
 
 
+@_validated
 @dataclass
 class DataConfig:
-    # "arithmetic" (procedural, generated from the seed) or "file" (train_path / eval_path).
-    source: str = "arithmetic"
-    # Verifier for file data: "math", "code" or "arithmetic"; ignored for the procedural source.
-    task: str = "math"
+    # "arithmetic": procedural, generated from the seed; "file": train_path / eval_path.
+    source: Literal["arithmetic", "file"] = "arithmetic"
+    # Verifier for file data; the procedural source always uses the arithmetic verifier.
+    task: Literal["math", "code", "arithmetic"] = "math"
     train_path: str | None = None
     eval_path: str | None = None
-    num_train: int = 20000
-    num_eval: int = 200
-    min_operands: int = 2
-    max_operands: int = 4
+    num_train: Positive = 20000
+    num_eval: Positive = 200
+    # Without eval_path: the share of train_path's distinct prompts held out for evaluation.
+    heldout_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    # The procedural task writes at least two operands.
+    min_operands: Annotated[int, Field(ge=2)] = 2
+    max_operands: Annotated[int, Field(ge=2)] = 4
     seed: int = 1234
 
 
+@_validated
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"
-    n_samples: int = 4  # K, samples per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 1024
-    micro_batch_size: int = 256
+    backend: Literal["hf", "vllm"] = "hf"
+    n_samples: Positive = 4  # K, samples per prompt
+    temperature: NonNegativeFloat = 1.0
+    top_p: Fraction = 1.0
+    max_new_tokens: Positive = 1024
+    micro_batch_size: Positive = 256
 
 
+@_validated
 @dataclass
 class FilterConfig:
     """Online prompt filter (PRIME Sec. 3.4): keep groups whose mean outcome is in [lo, hi]."""
 
     enabled: bool = True
-    lo: float = 0.2
-    hi: float = 0.8
+    lo: UnitInterval = 0.2
+    hi: UnitInterval = 0.8
     # Prompts sampled per round: missing groups x oversample / (keep rate so far in this step).
-    oversample: float = 1.5
+    oversample: Annotated[float, Field(ge=1)] = 1.5
     # Rollout rounds per step before giving up filling the batch (with a warning).
-    max_rounds: int = 4
+    max_rounds: Positive = 4
 
 
+@_validated
 @dataclass
 class PRMConfig:
-    update: str = "online"  # "online" | "frozen"
-    loss: str = "ce"  # "ce" | "dpo"
-    forward: str = "single"  # "single" | "double"
-    reference: str = "sft"  # "sft" (frozen reference model) | "rollout" (old policy log-probs)
-    beta: float = 0.05
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    mini_batch_size: int = 64  # sequences per PRM optimiser step (whole groups)
-    micro_batch_size: int = 64
-    grad_clip: float = 10.0
-    # Run independent phases on a second thread: the reference forward beside the old-policy and
-    # PRM forwards, and (single forward) the last PRM mini-batch's backward + optimiser step beside
-    # the policy update. Same numbers, less wall time; holds that mini-batch's PRM activations.
-    overlap: bool = False
-    # Score each rollout round's kept groups (reference and PRM forwards) as soon as the round is
-    # verified, instead of the whole batch after collection; with `overlap` this runs on the second
-    # thread beside the next round's rollout. Applies under single forward when one PRM mini-batch
-    # holds the whole step (mini_batch_size >= prompts_per_step * K), where the PRM's weights
-    # cannot change between rounds; otherwise the batch is scored after collection.
-    score_per_round: bool = True
+    """The implicit PRM of PRIME (reward_mode "prime"), trained online on outcome labels."""
+
+    update: Literal["online", "frozen"] = "online"
+    loss: Literal["ce", "dpo"] = "ce"
+    forward: Literal["single", "double"] = "single"
+    # "sft": a frozen reference model; "rollout": the old policy's log-probs.
+    reference: Literal["sft", "rollout"] = "sft"
+    beta: PositiveFloat = 0.05
+    lr: PositiveFloat = 1e-6
+    weight_decay: NonNegativeFloat = 0.0
+    mini_batch_size: Positive = 64  # sequences per PRM optimiser step (whole groups)
+    micro_batch_size: Positive = 64
+    grad_clip: PositiveFloat = 10.0
 
 
+@_validated
 @dataclass
 class AlgorithmConfig:
-    reward_mode: str = "prime"  # "prime" | "outcome" | "orm" | "prm" (explicit reward models)
-    estimator: str = "rloo"  # "rloo" | "grpo" | "reinforce" | "ppo" | "prime-value"
-    rloo_variant: str = "eq5"  # "eq5" | "reference"
+    # Where the dense reward comes from. "prime": the implicit PRM (prm section); "outcome": none,
+    # the verifier's outcome only; "explicit-orm" / "explicit-prm": a frozen outcome or step-level
+    # reward model trained by `primekit train-orm` / `train-prm` (Gao et al. 2024; explicit
+    # section).
+    reward_mode: Literal["prime", "outcome", "explicit-orm", "explicit-prm"] = "prime"
+    estimator: Literal["rloo", "grpo", "reinforce", "ppo", "prime-value"] = "rloo"
+    rloo_variant: Literal["eq5", "reference"] = "eq5"
     grpo_scale_by_std: bool = True
-    reinforce_baseline: str = "batch-mean"  # "none" | "batch-mean"
-    # The reference code scales both terms by 5 and whitens, so only their ratio matters.
+    reinforce_baseline: Literal["none", "batch-mean"] = "batch-mean"
+    # Coefficients of the dense (process) reward, implicit or explicit, and of the verifier's
+    # outcome (success) reward. The PRIME reference code scales both by 5 and whitens, so only
+    # their ratio matters there; Gao et al. use 1 and 5 (configs/tiny-explicit.yaml).
     process_coef: float = 5.0
     outcome_coef: float = 5.0
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: Fraction = 1.0
+    lam: Fraction = 1.0
+    # prime-value only: V_t is the implicit PRM's raw cumulative reward ("none"), a logit-scale
+    # number, or its sigmoid ("sigmoid"), a probability on the outcome's scale (docs/algorithms.md).
+    value_transform: Literal["none", "sigmoid"] = "none"
+    # False: PRIME Eq. 5 as printed, the outcome advantage is added undiscounted at every token.
+    # True: the reference code's form, where with gamma < 1 the outcome advantage at token t of
+    # a response of L tokens is gamma^(L-1-t) * A_out. The two agree at gamma = 1.
+    discount_outcome: bool = False
     whiten: bool = True
     # Reference-code option: scale process rewards by the batch's largest |reward-to-go|.
     process_max_abs_norm: bool = False
-    kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
+    kl_coef: NonNegativeFloat = 0.0
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: NonNegativeFloat = 0.0
 
 
+@_validated
 @dataclass
 class ExplicitRewardConfig:
-    """Explicit reward models as rewards (Gao et al. 2024), for reward_mode "orm" or "prm".
+    """A frozen explicit reward model as the dense reward (Gao et al. 2024), for reward_mode
+    "explicit-orm" or "explicit-prm".
 
-    The success reward (the verifier's outcome) is always on; the ORM or step-level PRM adds a dense
-    reward, refined by `transform` (Clip: min(r - eta, 0); Delta: r_k - r_{k+1}; see
-    docs/algorithms.md). Gao et al. use dense_coef 1 and success_coef 5 with PPO and KL 0.1.
+    The outcome (success) reward is always on; the ORM or step-level PRM adds a dense reward
+    scaled by algorithm.process_coef, refined by `transform` (Clip: min(r - eta, 0); Delta:
+    r_k - r_{k+1}; see docs/algorithms.md). Gao et al. use process_coef 1 and outcome_coef 5
+    with PPO and KL 0.1.
     """
 
-    orm: str | None = None  # HF directory of an ORM trained by `primekit train-orm`
-    prm: str | None = None  # HF directory of a step-level PRM trained by `primekit train-prm`
-    transform: str = "none"
+    # HF directory of the trained ORM (`primekit train-orm`) or step-level PRM
+    # (`primekit train-prm`); which of the two it is comes from algorithm.reward_mode.
+    model_path: str | None = None
+    transform: Literal[
+        "none", "clip", "delta", "clip-delta", "normed", "length-norm", "length-penalty"
+    ] = "none"
     eta: float = 0.0
     length_penalty: float = 0.0
-    dense_coef: float = 1.0
-    success_coef: float = 5.0
-    # Steps end at this string (the arithmetic task writes one step per line).
-    step_delimiter: str = "\n"
+    # Steps end at this string, or at a regular expression written "re:<pattern>" (the
+    # arithmetic task writes one step per line).
+    step_delimiter: Annotated[str, Field(min_length=1)] = "\n"
 
 
+@_validated
 @dataclass
 class PolicyConfig:
-    lr: float = 5e-7
-    weight_decay: float = 0.0
-    ppo_epochs: int = 1
-    mini_batch_size: int = 256  # sequences per policy optimiser step
-    micro_batch_size: int = 64  # sequences per forward/backward
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    grad_clip: float = 1.0
-    loss_agg: str = "token-mean"
+    lr: PositiveFloat = 5e-7
+    weight_decay: NonNegativeFloat = 0.0
+    ppo_epochs: Positive = 1
+    mini_batch_size: Positive = 256  # sequences per policy optimiser step
+    micro_batch_size: Positive = 64  # sequences per forward/backward
+    clip_low: NonNegativeFloat = 0.2
+    clip_high: NonNegativeFloat = 0.2
+    grad_clip: PositiveFloat = 1.0
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     # "recompute": one no-grad forward of the policy before the update (exact, any backend);
     # "rollout": reuse the sampling log-probs of the HF engine (same model, temperature 1, top-p 1).
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
     # Linear learning-rate warm-up over the first RL steps (0: none). Adam's first updates are
     # about lr * sign(gradient) in every coordinate, so a small policy at a high lr can lose
     # accuracy in its first steps without one.
-    warmup_steps: int = 0
+    warmup_steps: NonNegative = 0
 
 
+@_validated
 @dataclass
 class CriticConfig:
-    lr: float = 5e-6
-    value_clip: float = 0.2
-    grad_clip: float = 1.0
+    lr: PositiveFloat = 5e-6
+    value_clip: PositiveFloat = 0.2
+    grad_clip: PositiveFloat = 1.0
 
 
+@_validated
+@dataclass
+class VerifierConfig:
+    """Limits of the outcome verifiers (primekit.verifiers); the arithmetic verifier needs none."""
+
+    # Math grading (math-verify, in worker processes): a response still being graded after
+    # math_timeout_s has its worker killed and scores as a timeout.
+    math_timeout_s: PositiveFloat = 5.0
+    math_workers: Positive = 2
+    # Code (sandboxed): wall-clock limit for one response's tests together, and per test
+    # (None = code_timeout_s); address space per sandboxed process; responses run in parallel.
+    code_timeout_s: PositiveFloat = 10.0
+    code_test_timeout_s: PositiveFloat | None = None
+    code_memory_mb: Positive = 1024
+    code_workers: Positive = 2
+
+
+@_validated
 @dataclass
 class TrainConfig:
     run_dir: str = "runs/prime"
-    steps: int = 100
-    prompts_per_step: int = 256  # B, after filtering
+    steps: Positive = 100
+    prompts_per_step: Positive = 256  # B, after filtering
     seed: int = 0
-    eval_every: int = 0  # 0 = only at the end
-    save_every: int = 50  # 0 = only at the end
-    keep_checkpoints: int = 2
-    tensorboard: bool = True
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-    threads: int = 0  # torch CPU threads; 0 = torch's default
+    eval_every: NonNegative = 0  # 0 = only at the end
+    save_every: NonNegative = 50  # 0 = only at the end
+    keep_checkpoints: NonNegative = 2
+    # Metric sinks besides run_dir/metrics.jsonl, which is always written; [] for none.
+    # "wandb" needs `pip install 'primekit[wandb]'` and follows WANDB_MODE (offline without a key).
+    report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: NonNegative = 0  # torch CPU threads; 0 = torch's default
 
 
+@_validated
 @dataclass
 class EvalConfig:
-    num_problems: int = 200
-    k: int = 4  # samples per problem for avg@k / pass@k
-    temperature: float = 1.0
-    max_new_tokens: int | None = None  # None = rollout.max_new_tokens
+    num_problems: NonNegative = 200
+    k: Positive = 4  # samples per problem for avg@k / pass@k
+    temperature: NonNegativeFloat = 1.0
+    max_new_tokens: Positive | None = None  # None = rollout.max_new_tokens
 
 
+@_validated
 @dataclass
 class SFTConfig:
     init: str = "tiny"  # HF dir / hub id, or "tiny" to build the embedded tiny model
     out_dir: str = "runs/demo/sft"
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    steps: NonNegative = 600
+    batch_size: Positive = 64
+    lr: PositiveFloat = 1e-3
+    warmup_steps: NonNegative = 30
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat = 1.0
     seed: int = 0
-    # torch CPU threads during SFT; 0 = torch's default. SFT has the machine to itself, while RL
-    # (train.threads) shares it with the second thread that `prm.overlap` runs.
-    threads: int = 0
+    # torch CPU threads during SFT; 0 = torch's default. Separate from train.threads: SFT and RL
+    # may want different numbers of threads on the same machine.
+    threads: NonNegative = 0
 
 
+@_validated
+@dataclass
+class ORMTrainConfig:
+    """`primekit train-orm`: sample, label with the verifier, train an outcome reward model."""
+
+    # Samples the responses and initialises the ORM; None = model.policy (the SFT checkpoint).
+    base: str | None = None
+    out_dir: str = "runs/explicit/orm"
+    num_problems: Positive = 512  # training problems sampled
+    n_samples: Positive = 4  # responses per problem
+    num_eval_problems: Positive = 100  # held-out problems sampled for the accuracy report
+    # BCE on every response token ("full", the paper's sum over t) or on the last one ("last").
+    target: Literal["full", "last"] = "full"
+    # Gao et al. Sec. 5.1 keep only problems with both a correct and a wrong sample.
+    mixed_only: bool = True
+    epochs: Positive = 3
+    lr: PositiveFloat = 3e-4
+    batch_size: Positive = 64  # responses per optimiser step
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat = 1.0
+    seed: int = 0
+
+
+@_validated
+@dataclass
+class StepPRMTrainConfig:
+    """`primekit train-prm`: sample, label steps by Monte-Carlo completion (Math-Shepherd style),
+    train a step-level PRM (the explicit one; the implicit PRM of PRIME is the prm section)."""
+
+    # Samples the responses and initialises the PRM; None = model.policy (the SFT checkpoint).
+    base: str | None = None
+    # Completes the step prefixes; None = the sampling model (the paper used a stronger one).
+    completer: str | None = None
+    out_dir: str = "runs/explicit/prm"
+    num_problems: Positive = 192
+    n_samples: Positive = 2
+    num_eval_problems: Positive = 48
+    # Completions per step prefix (N; Gao et al. and Math-Shepherd: 8).
+    n_completions: Positive = 8
+    # "hard": 1 if any completion is correct (the paper); "soft": the fraction correct.
+    label: Literal["hard", "soft"] = "hard"
+    epochs: Positive = 6
+    lr: PositiveFloat = 3e-4
+    batch_size: Positive = 64
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat = 1.0
+    seed: int = 0
+
+
+@_validated
+@dataclass
+class HackCheckConfig:
+    """`primekit hack-check` (Gao et al. App. C): returns of each dense-reward design on
+    synthetic repetitions of correct responses, scored by the PRM at explicit.model_path."""
+
+    out_dir: str = "runs/explicit/hack-check"
+    num_responses: Positive = 32  # correct responses to vary
+    max_repeats: Positive = 8  # variants with 1..max_repeats repetitions
+    # "demos": held-out problems' demonstrations; "sampled": correct samples of model.policy.
+    source: Literal["demos", "sampled"] = "demos"
+    # Text that ends an inserted step; None = explicit.step_delimiter (which must then be plain
+    # text, not a "re:" pattern).
+    separator: str | None = None
+    seed: int = 0
+
+
+@_validated
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -216,118 +346,48 @@ class Config:
     explicit: ExplicitRewardConfig = field(default_factory=ExplicitRewardConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    orm: ORMTrainConfig = field(default_factory=ORMTrainConfig)
+    step_prm: StepPRMTrainConfig = field(default_factory=StepPRMTrainConfig)
+    hack_check: HackCheckConfig = field(default_factory=HackCheckConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "data.source": ("arithmetic", "file"),
-    "data.task": ("math", "code", "arithmetic"),
-    "rollout.backend": ("hf", "vllm"),
-    "prm.update": ("online", "frozen"),
-    "prm.loss": ("ce", "dpo"),
-    "prm.forward": ("single", "double"),
-    "prm.reference": ("sft", "rollout"),
-    "algorithm.reward_mode": ("prime", "outcome", "orm", "prm"),
-    "explicit.transform": ("none", "clip", "delta", "clip-delta", "normed", "length-norm",
-                           "length-penalty"),
-    "algorithm.estimator": ("rloo", "grpo", "reinforce", "ppo", "prime-value"),
-    "algorithm.rloo_variant": ("eq5", "reference"),
-    "algorithm.reinforce_baseline": ("none", "batch-mean"),
-    "algorithm.kl_kind": ("k1", "k2", "k3"),
-    "policy.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
-    "policy.old_logprobs": ("recompute", "rollout"),
-    "train.device": ("auto", "cpu", "cuda"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-}
+@functools.cache
+def _adapter() -> TypeAdapter[Config]:
+    # Built on first use: the schema costs tens of milliseconds that importers of Config alone
+    # (verifier worker processes, for instance) never need.
+    return TypeAdapter(Config)
 
 
-def _coerce(value: Any, tp: Any, name: str) -> Any:
-    """Convert a YAML/CLI value to the annotated type `tp`, or raise ConfigError naming `name`."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        is_null = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_null and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, name)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{name}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{name}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{name}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{name}: expected a string, got {value!r}")
-    raise ConfigError(f"{name}: unsupported field type {tp!r}")
+def _field_names(loc: tuple[Any, ...]) -> list[str]:
+    """The valid keys at `loc` ((): section names; ("prm",): the prm section's fields)."""
+    cls: Any = Config
+    for part in loc:
+        cls = {f.name: f.type for f in dataclasses.fields(cls)}[part]
+    return sorted(f.name for f in dataclasses.fields(cls))
 
 
-def _section_types(obj: Any) -> dict[str, Any]:
-    return typing.get_type_hints(type(obj))
+def _describe(error: Any) -> str:
+    """One pydantic error as `dotted.field: what is wrong, got VALUE`."""
+    loc = tuple(error["loc"])
+    dotted = ".".join(str(p) for p in loc)
+    if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        kind = "section" if len(loc) == 1 else "field"
+        return f"{dotted}: unknown {kind} {loc[-1]!r}; valid: {_field_names(loc[:-1])}"
+    return f"{dotted}: {error['msg']}, got {error['input']!r}"
 
 
-def set_value(cfg: Config, dotted: str, value: Any) -> None:
-    """Set `section.field` on cfg, converting and validating the type."""
-    parts = dotted.split(".")
-    if len(parts) != 2:
-        raise ConfigError(f"{dotted}: keys have the form section.field (e.g. prm.beta)")
-    section_name, key = parts
-    sections = {f.name for f in dataclasses.fields(cfg)}
-    if section_name not in sections:
-        raise ConfigError(f"{dotted}: unknown section {section_name!r}; valid: {sorted(sections)}")
-    section = getattr(cfg, section_name)
-    hints = _section_types(section)
-    if key not in hints:
-        raise ConfigError(f"{dotted}: unknown field {key!r} in [{section_name}]; valid: {sorted(hints)}")
-    setattr(section, key, _coerce(value, hints[key], dotted))
-
-
-def apply_dict(cfg: Config, data: dict[str, Any], source: str = "config") -> None:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
-    for section_name, values in data.items():
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: section {section_name!r} must be a mapping, got {values!r}")
-        for key, value in values.items():
-            set_value(cfg, f"{section_name}.{key}", value)
+def _validate_fields(data: dict[str, Any]) -> Config:
+    try:
+        return _adapter().validate_python(data)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -338,64 +398,70 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML (e.g. an unbalanced quote): take the text as it is
     return key.strip(), value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def resolve_config(name: str | None) -> Path | None:
+    """--config: a YAML file, or the name of a packaged config ("tiny", "paper-7b"); None stays None."""
+    if name is None:
+        return None
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = CONFIG_DIR / f"{name}.yaml"
+    if packaged.is_file():
+        return packaged
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"--config: {name!r} is neither a file nor a packaged config {known}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, then the YAML file, then dotted overrides; then `validate`."""
-    cfg = Config()
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        data = yaml.safe_load(p.read_text()) or {}
-        apply_dict(cfg, data, source=str(p))
+    data = _read_yaml(Path(path)) if path is not None else {}
     for text in overrides or []:
         key, value = parse_override(text)
-        set_value(cfg, key, value)
-    validate(cfg)
+        parts = key.split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(f"{key}: keys have the form section.field (e.g. prm.beta)")
+        section = data.setdefault(parts[0], {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{parts[0]}: must be a mapping of fields, got {section!r}")
+        section[parts[1]] = value
+    cfg = _validate_fields(data)
+    _check_combinations(cfg)
     return cfg
 
 
 def validate(cfg: Config) -> None:
-    """Reject values and combinations that cannot work, naming the field."""
-    for dotted, choices in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
-        if value not in choices:
-            raise ConfigError(f"{dotted}: {value!r} is not one of {list(choices)}")
+    """Reject field values (types, ranges, choices) and combinations that cannot work, naming
+    the field; for a Config built or changed in code rather than by `load_config`."""
+    _validate_fields(dataclasses.asdict(cfg))
+    _check_combinations(cfg)
 
-    def positive(dotted: str, allow_zero: bool = False) -> None:
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
-        if value < 0 or (value == 0 and not allow_zero):
-            raise ConfigError(f"{dotted}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
-    for dotted in ("rollout.n_samples", "rollout.max_new_tokens", "rollout.micro_batch_size",
-                   "prm.mini_batch_size", "prm.micro_batch_size", "policy.ppo_epochs",
-                   "policy.mini_batch_size", "policy.micro_batch_size", "train.steps",
-                   "train.prompts_per_step", "eval.k", "sft.batch_size", "filter.max_rounds",
-                   "data.num_eval"):
-        positive(dotted)
-    for dotted in ("prm.lr", "policy.lr", "critic.lr", "sft.lr", "rollout.top_p", "prm.beta",
-                   "algorithm.gamma", "algorithm.lam"):
-        positive(dotted)
-    for dotted in ("rollout.temperature", "eval.temperature", "algorithm.kl_coef",
-                   "algorithm.entropy_coef", "policy.clip_low", "policy.clip_high",
-                   "train.eval_every", "train.save_every", "sft.steps", "train.threads", "sft.threads",
-                   "eval.num_problems", "policy.warmup_steps"):
-        positive(dotted, allow_zero=True)
-    if cfg.rollout.top_p > 1:
-        raise ConfigError(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p}")
-    if cfg.algorithm.gamma > 1 or cfg.algorithm.lam > 1:
-        raise ConfigError("algorithm.gamma and algorithm.lam must be in (0, 1]")
-    if not 0 <= cfg.filter.lo <= cfg.filter.hi <= 1:
+def _check_combinations(cfg: Config) -> None:
+    """Settings that are each valid but cannot work together."""
+    if cfg.filter.lo > cfg.filter.hi:
         raise ConfigError(
-            f"filter.lo/filter.hi: need 0 <= lo <= hi <= 1, got lo={cfg.filter.lo} hi={cfg.filter.hi}"
+            f"filter.lo/filter.hi: need lo <= hi, got lo={cfg.filter.lo} hi={cfg.filter.hi}"
         )
-    if cfg.filter.oversample < 1:
-        raise ConfigError(f"filter.oversample: must be >= 1, got {cfg.filter.oversample}")
     if cfg.rollout.temperature == 0:
         raise ConfigError("rollout.temperature: RL needs sampling; 0 (greedy) gives K equal samples")
     a = cfg.algorithm
@@ -421,18 +487,17 @@ def validate(cfg: Config) -> None:
                                                   or cfg.rollout.backend != "hf"):
         raise ConfigError("policy.old_logprobs: 'rollout' is exact only with the hf backend at "
                           "temperature 1 and top_p 1; use 'recompute'")
-    if a.reward_mode in ("orm", "prm") and getattr(cfg.explicit, a.reward_mode) is None:
-        raise ConfigError(f"explicit.{a.reward_mode}: reward_mode={a.reward_mode} needs the path "
-                          f"of a trained reward model (primekit train-{a.reward_mode})")
-    if a.reward_mode == "orm" and cfg.explicit.transform != "none":
+    if a.reward_mode in ("explicit-orm", "explicit-prm") and cfg.explicit.model_path is None:
+        command = "train-orm" if a.reward_mode == "explicit-orm" else "train-prm"
+        raise ConfigError(f"explicit.model_path: reward_mode={a.reward_mode} needs the directory "
+                          f"of a trained reward model (primekit {command})")
+    if a.reward_mode == "explicit-orm" and cfg.explicit.transform != "none":
         raise ConfigError("explicit.transform: Clip/Delta and the other step transforms apply to a "
-                          "step-level PRM (reward_mode=prm), not to an ORM")
-    if not cfg.explicit.step_delimiter:
-        raise ConfigError("explicit.step_delimiter: must not be empty")
+                          "step-level PRM (reward_mode=explicit-prm), not to an ORM")
     if cfg.data.source == "file" and not cfg.data.train_path:
         raise ConfigError("data.train_path: required when data.source is 'file'")
-    if cfg.data.min_operands < 2 or cfg.data.max_operands < cfg.data.min_operands:
+    if cfg.data.max_operands < cfg.data.min_operands:
         raise ConfigError(
-            f"data.min_operands/max_operands: need 2 <= min <= max, got "
+            f"data.min_operands/max_operands: need min <= max, got "
             f"{cfg.data.min_operands}/{cfg.data.max_operands}"
         )

@@ -29,6 +29,7 @@ from rich.progress import (
 from rich.progress import Progress as _RichProgress
 from rich.table import Table
 
+from primekit.config import ConfigError
 from primekit.distributed import is_main
 
 console = Console()
@@ -64,6 +65,15 @@ def _trim_partial_line(path: Path) -> None:
         f.truncate(data.rfind(b"\n") + 1)
 
 
+def _import_wandb() -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("train.report_to: 'wandb' is listed but the wandb package is not "
+                          "installed: pip install 'primekit[wandb]'") from None
+    return wandb
+
+
 def _drop_steps_after(path: Path, step: int) -> None:
     if not path.exists():
         return
@@ -77,31 +87,41 @@ def _drop_steps_after(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+SINKS = ("tensorboard", "wandb")
+
+
 class MetricLogger:
-    """Write scalar metrics to `run_dir/metrics.jsonl`, TensorBoard and optionally wandb.
+    """Write scalar metrics to `run_dir/metrics.jsonl`, and to TensorBoard and wandb if asked.
 
     Args:
         run_dir: the run's directory (created if missing).
-        tensorboard: also write TensorBoard events to `run_dir/tensorboard` when
-            `torch.utils.tensorboard` can be imported; otherwise one line is printed and it is
-            skipped.
-        wandb: keyword arguments for `wandb.init` (e.g. {"project": "primekit"}); None disables
-            wandb. Asking for wandb without it installed is an ImportError.
-        enabled: write anything at all; defaults to `is_main()`.
+        report_to: the sinks besides metrics.jsonl (always written), from SINKS; the config's
+            train.report_to.
+            - "tensorboard": events in `run_dir/tensorboard`. Without `torch.utils.tensorboard`
+              one line is printed and the sink is skipped (a plain install must still run).
+            - "wandb": a wandb run named after run_dir, its files in run_dir. Without the wandb
+              package this is a ConfigError. WANDB_MODE and WANDB_PROJECT are respected; without
+              WANDB_MODE it runs offline unless WANDB_API_KEY is set, so it never waits for a
+              login (sync an offline run later with `wandb sync`).
         resume_step: when resuming from a checkpoint at this step, drop lines of
             `metrics.jsonl` with a larger step (written after that checkpoint by the run that
             crashed), so the file has one line per step.
+        enabled: write anything at all; defaults to `is_main()`.
+        run_config: the run's settings, recorded by wandb (e.g. `Config.to_dict()`).
     """
 
     def __init__(
         self,
         run_dir: Path,
         *,
-        tensorboard: bool = True,
-        wandb: dict | None = None,
-        enabled: bool | None = None,
+        report_to: list[str],
         resume_step: int | None = None,
+        enabled: bool | None = None,
+        run_config: dict[str, Any] | None = None,
     ) -> None:
+        unknown = [s for s in report_to if s not in SINKS]
+        if unknown:
+            raise ValueError(f"report_to: unknown sinks {unknown}; valid: {list(SINKS)}")
         self.enabled = is_main() if enabled is None else enabled
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
@@ -110,24 +130,33 @@ class MetricLogger:
         self._wandb_run: Any = None
         if not self.enabled:
             return
+        # Before any file is touched: a missing package should not leave a half-started run.
+        wandb_lib = _import_wandb() if "wandb" in report_to else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _trim_partial_line(self.path)
         if resume_step is not None:
             _drop_steps_after(self.path, resume_step)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
-        if tensorboard:
+        if "tensorboard" in report_to:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                console.print("[dim]tensorboard is not installed; TensorBoard logging is off[/]")
+                console.print("tensorboard is not installed (pip install 'primekit[tensorboard]'); "
+                              "TensorBoard logging is off", style="dim", markup=False,
+                              highlight=False, soft_wrap=True)
             else:
                 self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-        if wandb is not None:
-            try:
-                import wandb as wandb_lib
-            except ImportError as e:
-                raise ImportError("wandb logging was requested but wandb is not installed") from e
-            self._wandb_run = wandb_lib.init(**{"dir": str(self.run_dir), **wandb})
+        if wandb_lib is not None:
+            mode = os.environ.get("WANDB_MODE") or (
+                "online" if os.environ.get("WANDB_API_KEY") else "offline"
+            )
+            self._wandb_run = wandb_lib.init(
+                dir=str(self.run_dir),
+                name=self.run_dir.name,
+                project=os.environ.get("WANDB_PROJECT", "primekit"),
+                mode=mode,
+                config=run_config,
+            )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Record `metrics` (floats, ints or scalar tensors) for `step`; flushed immediately."""

@@ -1,8 +1,8 @@
 """Dense rewards from a frozen explicit reward model, for RL (Gao et al. 2024, Eq. 2-6).
 
 What the trainer gets from `ExplicitRewarder.token_rewards` is r(q, s_1:t) of Eq. 2, UNSCALED:
-the trainer multiplies it by explicit.dense_coef (alpha, paper: 1) and adds the success reward
-Correct(q, s) times explicit.success_coef (paper: 5).
+the trainer multiplies it by algorithm.process_coef (alpha, paper: 1) and adds the success reward
+Correct(q, s) times algorithm.outcome_coef (paper: 5).
 
 - ORM (SR+OR, Eq. 3): r_outcome = sigmoid(ORM logit) at the last valid token (EOS included when
   produced); every other token 0.
@@ -70,24 +70,27 @@ def orm_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
 
 
 class ExplicitRewarder:
-    """The frozen ORM or step-level PRM of `cfg.algorithm.reward_mode` ("orm" | "prm").
+    """The frozen ORM or step-level PRM at cfg.explicit.model_path, by cfg.algorithm.reward_mode
+    ("explicit-orm" | "explicit-prm").
 
     token_rewards(batch) -> (dense rewards [N, T] on CPU, metrics): see the module docstring.
     """
 
     def __init__(self, cfg, tokenizer, device: str | torch.device = "cpu"):
-        mode = cfg.algorithm.reward_mode
-        if mode not in ("orm", "prm"):
+        reward_mode = cfg.algorithm.reward_mode
+        if reward_mode not in ("explicit-orm", "explicit-prm"):
             raise ValueError(
-                f"algorithm.reward_mode: ExplicitRewarder needs 'orm' or 'prm', got {mode!r}"
+                "algorithm.reward_mode: ExplicitRewarder needs 'explicit-orm' or 'explicit-prm', "
+                f"got {reward_mode!r}"
             )
-        path = getattr(cfg.explicit, mode)
+        mode = reward_mode.removeprefix("explicit-")  # "orm" | "prm"
+        e = cfg.explicit
+        path = e.model_path
         if path is None:
             raise ValueError(
-                f"explicit.{mode}: reward_mode={mode} needs a trained reward model "
+                f"explicit.model_path: reward_mode={reward_mode} needs a trained reward model "
                 f"(primekit train-{mode})"
             )
-        e = cfg.explicit
         if mode == "orm" and e.transform != "none":
             raise ValueError(
                 f"explicit.transform: {e.transform!r} applies to a step-level PRM, not to an ORM"

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from primekit.algorithms.segmentation import steps
+from primekit.config import Config, ConfigError
 from primekit.reward_models.dense import transform_step_rewards
 from primekit.reward_models.prm import prm_step_scores
 from primekit.rollout.base import RolloutBatch
@@ -163,9 +164,9 @@ def run_hack_check(
     separator: str,
     eta: float,
     length_penalty: float,
-    max_repeats: int = 8,
+    max_repeats: int,
+    micro_batch_size: int,
     device: str | torch.device = "cpu",
-    micro_batch_size: int = 64,
 ) -> HackCheckResult:
     """Score the originals and all variants with the PRM `model`; see the module docstring."""
     if max_repeats < 1:
@@ -235,48 +236,45 @@ def plot_hack_check(result: HackCheckResult, path: Path) -> Path:
     return path
 
 
-def hack_check(
-    cfg,
-    *,
-    out_dir: str | Path,
-    prm_path: str | None = None,
-    num_responses: int = 32,
-    max_repeats: int = 8,
-    source: str = "demos",
-    separator: str | None = None,
-    seed: int = 0,
-) -> HackCheckResult:
+def hack_check(cfg: Config) -> HackCheckResult:
     """`primekit hack-check`: print the table, write hack_check.json and hack_check.png.
 
-    Responses: held-out problems' demonstrations (source="demos"), or correct responses sampled
-    from cfg.model.policy (source="sampled", one per problem, first `num_responses` found).
-    The PRM is prm_path or cfg.explicit.prm; eta and the length penalty come from cfg.explicit.
+    Settings: cfg.hack_check. Responses: held-out problems' demonstrations (source "demos"), or
+    correct responses sampled from cfg.model.policy (source "sampled", one per problem, the first
+    hack_check.num_responses found). The PRM is cfg.explicit.model_path; eta and the length
+    penalty come from cfg.explicit.
     """
     from rich.console import Console
 
     from primekit.data.splits import encode_prompts, load_splits, verifier_task
     from primekit.logging import print_table
+    from primekit.models.hf import check_model_path
     from primekit.reward_models.heads import load_reward_model
     from primekit.runtime import resolve_device
     from primekit.verifiers import build_verifier
 
-    e = cfg.explicit
+    e, h = cfg.explicit, cfg.hack_check
+    num_responses, source = h.num_responses, h.source
     delimiter = e.step_delimiter
+    separator = h.separator
     if separator is None:
         if delimiter.startswith("re:"):
-            raise ValueError(
-                f"explicit.step_delimiter {delimiter!r} is a pattern: pass --separator, "
+            raise ConfigError(
+                f"hack_check.separator: explicit.step_delimiter {delimiter!r} is a pattern; set "
                 "the text that ends an inserted step"
             )
         separator = delimiter
-    prm_path = prm_path or e.prm
+    prm_path = e.model_path
     if prm_path is None:
-        raise ValueError("hack-check needs a step-level PRM: --prm or explicit.prm")
-    if source not in ("demos", "sampled"):
-        raise ValueError(f"source must be 'demos' or 'sampled', got {source!r}")
+        raise ConfigError("explicit.model_path: hack-check needs a step-level PRM "
+                          "(primekit train-prm)")
+    check_model_path(prm_path, "explicit.model_path")
+    if cfg.algorithm.reward_mode == "explicit-orm":
+        raise ConfigError("algorithm.reward_mode: hack-check scores steps with a step-level PRM, "
+                          "but reward_mode=explicit-orm makes explicit.model_path an ORM")
     start = time.perf_counter()
     device = resolve_device(cfg.train.device)
-    verifier = build_verifier(verifier_task(cfg))
+    verifier = build_verifier(verifier_task(cfg), cfg.verifier)
     if source == "demos":
         from primekit.models.hf import load_tokenizer
 
@@ -286,7 +284,7 @@ def hack_check(
     else:
         from primekit.reward_models.labeling import sample_split, sampling_setup
 
-        setup = sampling_setup(cfg, cfg.model.policy, seed=seed)
+        setup = sampling_setup(cfg, cfg.model.policy, seed=h.seed, path_field="model.policy")
         tokenizer = setup.tokenizer
         batch, rows, outcome = sample_split(setup, "test", 4 * num_responses, 1)
         picked = [i for i in range(len(rows)) if outcome[i] >= 1.0][:num_responses]
@@ -297,7 +295,9 @@ def hack_check(
     responses = [r for r, ok in zip(responses, responses_ok) if ok]
     if not responses:
         raise ValueError(f"hack-check: no correct responses with at least two steps ({source})")
-    model = load_reward_model(prm_path, device=device)
+    model = load_reward_model(
+        prm_path, device=device, trust_remote_code=cfg.model.trust_remote_code
+    )
     result = run_hack_check(
         model,
         tokenizer,
@@ -309,12 +309,12 @@ def hack_check(
         separator=separator,
         eta=e.eta,
         length_penalty=e.length_penalty,
-        max_repeats=max_repeats,
+        max_repeats=h.max_repeats,
+        micro_batch_size=cfg.policy.micro_batch_size,
         device=device,
     )
-    out = Path(out_dir)
+    out = Path(h.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    wide = Console(width=160)
     wide = Console(width=160)  # the table is wider than a default 80-column pipe
     print_table(
         f"hack-check: mean dense return over {len(responses)} correct responses "

@@ -86,7 +86,7 @@ def response_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 @torch.no_grad()
 def batch_response_logits(
-    model, batch: RolloutBatch, *, micro_batch_size: int = 64, device: str | torch.device = "cpu"
+    model, batch: RolloutBatch, *, micro_batch_size: int, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """No-grad score logits of every response token of a rollout batch: [N, T] on CPU, 0 on padding."""
     N, T = batch.response_ids.shape
@@ -116,10 +116,10 @@ def fit_reward_model(
     epochs: int,
     lr: float,
     batch_size: int,
+    weight_decay: float,
+    grad_clip: float,
+    seed: int,
     device: str | torch.device = "cpu",
-    seed: int = 0,
-    weight_decay: float = 0.0,
-    grad_clip: float = 1.0,
     prefix: str = "rm",
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:

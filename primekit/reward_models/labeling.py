@@ -200,8 +200,11 @@ class SamplingSetup:
         self.policy = self.engine = None
 
 
-def sampling_setup(cfg, model_path: str, *, seed: int = 0) -> SamplingSetup:
-    """Load `model_path` as the sampler, with the configured verifier and sampling parameters."""
+def sampling_setup(cfg, model_path: str, *, seed: int, path_field: str) -> SamplingSetup:
+    """Load `model_path` as the sampler, with the configured verifier and sampling parameters.
+
+    path_field: the config field that holds model_path (e.g. "orm.base"), named in errors.
+    """
     from primekit.data.splits import verifier_task
     from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.hf import HFRolloutEngine
@@ -210,7 +213,7 @@ def sampling_setup(cfg, model_path: str, *, seed: int = 0) -> SamplingSetup:
 
     set_threads(cfg.train.threads)
     seed_everything(seed)
-    check_model_path(model_path, "--model")
+    check_model_path(model_path, path_field)
     device = resolve_device(cfg.train.device)
     tokenizer = load_tokenizer(model_path)
     policy = load_model(
@@ -229,7 +232,7 @@ def sampling_setup(cfg, model_path: str, *, seed: int = 0) -> SamplingSetup:
         tokenizer,
         policy,
         engine,
-        build_verifier(verifier_task(cfg)),
+        build_verifier(verifier_task(cfg), cfg.verifier),
         device,
         params,
         torch.Generator().manual_seed(seed),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +48,7 @@ def orm_loss(
     outcome_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    target: str = "full",
+    target: str,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Binary cross-entropy of the ORM (Gao et al. Sec. 3, L_ORM).
 
@@ -94,7 +93,7 @@ def orm_loss(
 
 
 def orm_scores(
-    model, batch: RolloutBatch, *, micro_batch_size: int = 64, device: str | torch.device = "cpu"
+    model, batch: RolloutBatch, *, micro_batch_size: int, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """r_outcome of every response: sigmoid(logit) at its last valid token. [N] on CPU, 0 if empty."""
     logits = batch_response_logits(model, batch, micro_batch_size=micro_batch_size, device=device)
@@ -149,81 +148,77 @@ def mixed_groups(outcome_rewards: torch.Tensor, samples: int) -> torch.Tensor:
     return keep.repeat_interleave(samples)
 
 
-def train_orm(
-    cfg: Config,
-    *,
-    out_dir: str | Path,
-    model_path: str | None = None,
-    num_problems: int = 512,
-    samples: int = 4,
-    eval_problems: int = 100,
-    epochs: int = 3,
-    lr: float = 3e-4,
-    batch_size: int = 64,
-    target: str = "full",
-    mixed_only: bool = True,
-    seed: int = 0,
-) -> dict[str, float | str]:
+def train_orm(cfg: Config) -> dict[str, float | str]:
     """`primekit train-orm`: sample, label with the verifier, fit the ORM, evaluate, save.
 
-    Responses come from `model_path` (default cfg.model.policy, the SFT checkpoint) on the first
-    `num_problems` training problems; the ORM starts from the same checkpoint. Held-out responses
-    on `eval_problems` test problems measure accuracy at the last token. Writes the HF directory
-    `out_dir` and `out_dir/train_metrics.json`; returns the summary.
+    Settings: cfg.orm. Responses come from orm.base (None: cfg.model.policy, the SFT checkpoint),
+    orm.n_samples for each of the first orm.num_problems training problems; the ORM starts from
+    the same checkpoint. Held-out responses on orm.num_eval_problems test problems measure
+    accuracy at the last token. Writes the HF directory orm.out_dir and its train_metrics.json;
+    returns the summary.
     """
     from primekit.models.hf import save_model
     from primekit.reward_models.labeling import sample_split, sampling_setup
 
-    if target not in ORM_TARGETS:
-        raise ValueError(f"target must be one of {ORM_TARGETS}, got {target!r}")
+    o = cfg.orm
     start = time.perf_counter()
-    model_path = model_path or cfg.model.policy
-    setup = sampling_setup(cfg, model_path, seed=seed)
-    train, _, train_y = sample_split(setup, "train", num_problems, samples)
-    heldout, _, heldout_y = sample_split(setup, "test", eval_problems, samples)
+    model_path = o.base or cfg.model.policy
+    setup = sampling_setup(
+        cfg, model_path, seed=o.seed, path_field="orm.base" if o.base else "model.policy"
+    )
+    train, _, train_y = sample_split(setup, "train", o.num_problems, o.n_samples)
+    heldout, _, heldout_y = sample_split(setup, "test", o.num_eval_problems, o.n_samples)
     setup.release()
     summary: dict[str, float | str] = {
         "orm/train_responses": float(len(train)),
         "orm/train_accuracy_of_samples": float(train_y.mean()),
     }
-    if mixed_only:
-        keep = mixed_groups(train_y, samples)
+    if o.mixed_only:
+        keep = mixed_groups(train_y, o.n_samples)
         if not bool(keep.any()):
             raise ValueError(
-                "train-orm: no problem has both a correct and a wrong sample; raise "
-                "--samples or pass --all-groups"
+                "orm.mixed_only: no problem has both a correct and a wrong sample; raise "
+                "orm.n_samples or set orm.mixed_only=false"
             )
         train, train_y = train.select(keep), train_y[keep]
     summary["orm/train_responses_kept"] = float(len(train))
 
-    model = init_reward_model(model_path, device=setup.device, seed=seed)
+    model = init_reward_model(
+        model_path, device=setup.device, seed=o.seed, trust_remote_code=cfg.model.trust_remote_code
+    )
     mask = train.response_mask.float()
 
     def loss_fn(logits: torch.Tensor, rows: torch.Tensor, t: int):
         return orm_loss(
-            logits, train_y[rows].to(logits.device), mask[rows, :t].to(logits.device), target=target
+            logits, train_y[rows].to(logits.device), mask[rows, :t].to(logits.device),
+            target=o.target,
         )
 
     history = fit_reward_model(
         model,
         train,
         loss_fn,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
+        epochs=o.epochs,
+        lr=o.lr,
+        batch_size=o.batch_size,
+        weight_decay=o.weight_decay,
+        grad_clip=o.grad_clip,
         device=setup.device,
-        seed=seed,
+        seed=o.seed,
         prefix="orm",
     )
-    probs = orm_scores(model, heldout, device=setup.device)
+    probs = orm_scores(
+        model, heldout, micro_batch_size=cfg.policy.micro_batch_size, device=setup.device
+    )
     summary.update({f"{k}_train_last_epoch": v for k, v in history[-1].items()})
     summary.update(binary_metrics(probs, heldout_y >= 1.0, "orm/heldout"))
     summary["orm/wall_s"] = time.perf_counter() - start
-    out = save_model(model, setup.tokenizer, out_dir)
+    out = save_model(model, setup.tokenizer, o.out_dir)
     summary["orm/out_dir"] = str(out)
     (out / "train_metrics.json").write_text(
         json.dumps(
-            {"summary": summary, "history": history, "target": target, "base": model_path}, indent=2
+            {"summary": summary, "history": history, "target": o.target, "base": model_path},
+            indent=2,
         )
     )
     return summary

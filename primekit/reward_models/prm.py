@@ -75,7 +75,7 @@ def prm_step_scores(
     batch: RolloutBatch,
     *,
     delimiter: str,
-    micro_batch_size: int = 64,
+    micro_batch_size: int,
     device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """r_process at every step of every response (one forward per micro-batch).
@@ -105,29 +105,15 @@ def _write_labels(path: Path, batch: RolloutBatch, labels, delimiter: str, probs
             f.write(json.dumps(row) + "\n")
 
 
-def train_prm(
-    cfg: Config,
-    *,
-    out_dir: str | Path,
-    model_path: str | None = None,
-    completer_path: str | None = None,
-    num_problems: int = 192,
-    samples: int = 2,
-    n_completions: int = 8,
-    eval_problems: int = 48,
-    epochs: int = 6,
-    lr: float = 3e-4,
-    batch_size: int = 64,
-    label: str = "hard",
-    seed: int = 0,
-) -> dict[str, float | str]:
+def train_prm(cfg: Config) -> dict[str, float | str]:
     """`primekit train-prm`: sample, label steps by completion, fit the PRM, evaluate, save.
 
-    Responses come from `model_path` (default cfg.model.policy), completions from
-    `completer_path` (default: the same model); the PRM starts from `model_path`. Steps end at
-    cfg.explicit.step_delimiter. Held-out responses on `eval_problems` test problems, labelled the
-    same way, give the step classification accuracy. Writes the HF directory `out_dir` plus
-    train_metrics.json, labels_train.jsonl and labels_heldout.jsonl (with the PRM's probabilities).
+    Settings: cfg.step_prm. Responses come from step_prm.base (None: cfg.model.policy),
+    completions from step_prm.completer (None: the same model); the PRM starts from the sampling
+    model. Steps end at cfg.explicit.step_delimiter. Held-out responses on
+    step_prm.num_eval_problems test problems, labelled the same way, give the step
+    classification accuracy. Writes the HF directory step_prm.out_dir plus train_metrics.json,
+    labels_train.jsonl and labels_heldout.jsonl (with the PRM's probabilities).
     """
     from primekit.models.hf import save_model
     from primekit.reward_models.labeling import (
@@ -138,24 +124,29 @@ def train_prm(
     )
     from primekit.rollout.hf import HFRolloutEngine
 
-    if label not in ("hard", "soft"):
-        raise ValueError(f"label must be 'hard' or 'soft', got {label!r}")
+    sp = cfg.step_prm
     start = time.perf_counter()
     delimiter = cfg.explicit.step_delimiter
-    model_path = model_path or cfg.model.policy
-    setup = sampling_setup(cfg, model_path, seed=seed)
+    micro_batch_size = cfg.policy.micro_batch_size
+    model_path = sp.base or cfg.model.policy
+    completer_path = sp.completer
+    setup = sampling_setup(
+        cfg, model_path, seed=sp.seed, path_field="step_prm.base" if sp.base else "model.policy"
+    )
     engine = setup.engine
     if completer_path and completer_path != model_path:
         from primekit.models.hf import load_model
 
-        completer_model = load_model(completer_path, device=str(setup.device)).eval()
+        completer_model = load_model(
+            completer_path, device=str(setup.device), trust_remote_code=cfg.model.trust_remote_code
+        ).eval()
         engine = HFRolloutEngine(
             completer_model, setup.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size
         )
     completer = HFCompleter(engine, setup.params, setup.generator)
 
     def labelled(split: str, n: int):
-        batch, rows, outcome = sample_split(setup, split, n, samples)
+        batch, rows, outcome = sample_split(setup, split, n, sp.n_samples)
         labels = mc_step_labels(
             batch,
             rows,
@@ -164,19 +155,21 @@ def train_prm(
             setup.verifier,
             setup.tokenizer,
             delimiter=delimiter,
-            n_completions=n_completions,
+            n_completions=sp.n_completions,
         )
         return batch, outcome, labels
 
     t0 = time.perf_counter()
-    train, train_y, train_labels = labelled("train", num_problems)
-    heldout, _, heldout_labels = labelled("test", eval_problems)
+    train, train_y, train_labels = labelled("train", sp.num_problems)
+    heldout, _, heldout_labels = labelled("test", sp.num_eval_problems)
     label_s = time.perf_counter() - t0
     setup.release()
     completer.engine = None
 
-    model = init_reward_model(model_path, device=setup.device, seed=seed)
-    targets = train_labels.labels if label == "hard" else train_labels.soft
+    model = init_reward_model(
+        model_path, device=setup.device, seed=sp.seed, trust_remote_code=cfg.model.trust_remote_code
+    )
+    targets = train_labels.labels if sp.label == "hard" else train_labels.soft
 
     def loss_fn(logits: torch.Tensor, rows: torch.Tensor, t: int):
         return prm_step_loss(
@@ -190,15 +183,22 @@ def train_prm(
         model,
         train,
         loss_fn,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
+        epochs=sp.epochs,
+        lr=sp.lr,
+        batch_size=sp.batch_size,
+        weight_decay=sp.weight_decay,
+        grad_clip=sp.grad_clip,
         device=setup.device,
-        seed=seed,
+        seed=sp.seed,
         prefix="step_prm",
     )
     probs, _, _ = prm_step_scores(
-        model, setup.tokenizer, heldout, delimiter=delimiter, device=setup.device
+        model,
+        setup.tokenizer,
+        heldout,
+        delimiter=delimiter,
+        micro_batch_size=micro_batch_size,
+        device=setup.device,
     )
     m = heldout_labels.step_mask
     y = heldout_labels.labels >= 0.5
@@ -227,17 +227,17 @@ def train_prm(
             for p, v in zip((25, 50, 75), q.tolist()):
                 summary[f"step_prm/heldout_prob_{name}_p{p}"] = v
     summary["step_prm/wall_s"] = time.perf_counter() - start
-    out = save_model(model, setup.tokenizer, out_dir)
+    out = save_model(model, setup.tokenizer, sp.out_dir)
     summary["step_prm/out_dir"] = str(out)
     (out / "train_metrics.json").write_text(
         json.dumps(
             {
                 "summary": summary,
                 "history": history,
-                "label": label,
+                "label": sp.label,
                 "base": model_path,
                 "completer": completer_path or model_path,
-                "n_completions": n_completions,
+                "n_completions": sp.n_completions,
                 "step_delimiter": delimiter,
             },
             indent=2,

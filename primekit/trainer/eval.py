@@ -100,7 +100,7 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     heldout = dist.shard(heldout[: cfg.eval.num_problems])
     engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
     gen = torch.Generator().manual_seed(cfg.train.seed + 99991)
-    metrics = evaluate(engine, build_verifier(verifier_task(cfg)), heldout,
+    metrics = evaluate(engine, build_verifier(verifier_task(cfg), cfg.verifier), heldout,
                        encode_prompts(tokenizer, heldout, cfg), k=cfg.eval.k,
                        temperature=cfg.eval.temperature,
                        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,

@@ -82,7 +82,8 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     gen = torch.Generator().manual_seed(s.seed)
     order = torch.randperm(len(train), generator=gen).tolist()
     cursor = 0
-    logger = MetricLogger(out_dir.parent / (out_dir.name + "-logs"), tensorboard=cfg.train.tensorboard)
+    logger = MetricLogger(out_dir.parent / (out_dir.name + "-logs"),
+                          report_to=cfg.train.report_to, run_config=cfg.to_dict())
     start = time.perf_counter()
     last: dict = {}
     with Progress(total=s.steps, description="SFT") as progress:

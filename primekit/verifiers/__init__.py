@@ -1,41 +1,56 @@
 """Outcome verifiers: every one returns a `Verdict`, never raises, never blocks past its limit.
 
-`build_verifier(task, **options)` picks one by `Problem.task`; `verdict_stats` summarises a batch.
+`build_verifier(task, limits)` picks one by `Problem.task`, with the time, memory and worker limits
+of the config's verifier section; `verdict_stats` summarises a batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from primekit.config import VerifierConfig
 from primekit.verifiers.base import Verdict, Verifier
 from primekit.verifiers.code import CodeVerifier
 from primekit.verifiers.math import MathVerifier
 
 
-def _arithmetic(**options: Any) -> Verifier:
+def _math(limits: VerifierConfig) -> Verifier:
+    return MathVerifier(timeout_s=limits.math_timeout_s, workers=limits.math_workers)
+
+
+def _code(limits: VerifierConfig) -> Verifier:
+    return CodeVerifier(
+        timeout_s=limits.code_timeout_s,
+        memory_mb=limits.code_memory_mb,
+        max_workers=limits.code_workers,
+        test_timeout_s=limits.code_test_timeout_s,
+    )
+
+
+def _arithmetic(limits: VerifierConfig) -> Verifier:
     # Lazy: math and code users never need the arithmetic task's module (primekit.data.arithmetic).
     from primekit.verifiers.arithmetic import ArithmeticVerifier
 
-    return ArithmeticVerifier(**options)
+    return ArithmeticVerifier()  # exact match: no time, memory or workers to limit
 
 
-VERIFIERS: dict[str, Callable[..., Verifier]] = {
-    "math": MathVerifier,
-    "code": CodeVerifier,
+VERIFIERS: dict[str, Callable[[VerifierConfig], Verifier]] = {
+    "math": _math,
+    "code": _code,
     "arithmetic": _arithmetic,
 }
 
 
-def build_verifier(task: str, **options: Any) -> Verifier:
-    """The verifier for `task` ("math", "code" or "arithmetic"), built with `options`.
+def build_verifier(task: str, limits: VerifierConfig | None = None) -> Verifier:
+    """The verifier for `task` ("math", "code" or "arithmetic") with the limits of `limits`
+    (the config's verifier section; None: its defaults).
 
     Raises:
         ValueError if `task` is not one of VERIFIERS.
     """
     if task not in VERIFIERS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(VERIFIERS)}")
-    return VERIFIERS[task](**options)
+    return VERIFIERS[task](limits if limits is not None else VerifierConfig())
 
 
 def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:

@@ -12,6 +12,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
+from primekit.config import VerifierConfig
 from primekit.data.problem import Problem
 from primekit.verifiers.base import Verdict
 from primekit.verifiers.sandbox import Mode, SandboxLimits, SandboxResult, run_program
@@ -102,15 +103,17 @@ class CodeVerifier:
         isolation: "auto", "namespaces" or "none" (see sandbox.py).
         require_fence: if False, a response without a fenced block is run as code as a whole.
         plain_returns: HumanEval-style candidates must return plain builtin data.
+    The limits default to the config's (verifier.code_timeout_s, code_memory_mb, code_workers,
+    code_test_timeout_s).
     """
 
     def __init__(
         self,
-        timeout_s: float = 10.0,
-        memory_mb: int = 1024,
-        max_workers: int = 2,
+        timeout_s: float = VerifierConfig.code_timeout_s,
+        memory_mb: int = VerifierConfig.code_memory_mb,
+        max_workers: int = VerifierConfig.code_workers,
         *,
-        test_timeout_s: float | None = None,
+        test_timeout_s: float | None = VerifierConfig.code_test_timeout_s,
         isolation: Literal["auto", "namespaces", "none"] = "auto",
         require_fence: bool = True,
         plain_returns: bool = True,

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from fractions import Fraction
 
+from primekit.config import VerifierConfig
 from primekit.data.problem import Problem
 from primekit.verifiers.base import Verdict
 from primekit.verifiers.pool import DeadlinePool
@@ -198,13 +199,14 @@ class MathVerifier:
         timeout_s: hard limit per response (the worker grading it is killed past it).
         patterns: answer-phrase regexes for `extract_answer` (used when there is no \\boxed{}).
         workers: number of grading processes (started on first use, reused afterwards).
+    The limits default to the config's (verifier.math_timeout_s, verifier.math_workers).
     """
 
     def __init__(
         self,
-        timeout_s: float = 5.0,
+        timeout_s: float = VerifierConfig.math_timeout_s,
         patterns: Sequence[str] = DEFAULT_PATTERNS,
-        workers: int = 2,
+        workers: int = VerifierConfig.math_workers,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")

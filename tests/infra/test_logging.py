@@ -6,13 +6,13 @@ import io
 import json
 import math
 import sys
-import types
 
 import numpy as np
 import pytest
 import torch
 from rich.console import Console
 
+from primekit.config import ConfigError
 from primekit.logging import MetricLogger, Progress, print_table
 
 
@@ -26,7 +26,7 @@ def strict_lines(path) -> list[dict]:
 
 
 def test_jsonl_is_strict_json_per_line_and_flushed_before_close(tmp_path):
-    logger = MetricLogger(tmp_path, tensorboard=False)
+    logger = MetricLogger(tmp_path, report_to=[])
     logger.log({"reward/mean": 0.5, "prm/acc": float("nan"), "n": 3}, step=1)
     logger.log(
         {
@@ -51,14 +51,14 @@ def test_jsonl_is_strict_json_per_line_and_flushed_before_close(tmp_path):
 
 
 def test_reopen_appends_trims_a_torn_line_and_drops_steps_after_resume(tmp_path):
-    with MetricLogger(tmp_path, tensorboard=False) as logger:
+    with MetricLogger(tmp_path, report_to=[]) as logger:
         for step in range(1, 6):
             logger.log({"a": float(step)}, step=step)
     path = tmp_path / "metrics.jsonl"
     with open(path, "a") as f:
         f.write('{"step": 6, "a": 6.')  # a crash mid-write
     # Resuming from the checkpoint of step 3: steps 4..6 of the crashed run go away.
-    with MetricLogger(tmp_path, tensorboard=False, resume_step=3) as logger:
+    with MetricLogger(tmp_path, report_to=[], resume_step=3) as logger:
         logger.log({"a": 40.0}, step=4)
     assert [(r["step"], r["a"]) for r in strict_lines(path)] == [
         (1, 1.0),
@@ -69,14 +69,14 @@ def test_reopen_appends_trims_a_torn_line_and_drops_steps_after_resume(tmp_path)
 
 
 def test_disabled_logger_writes_nothing(tmp_path):
-    logger = MetricLogger(tmp_path / "run", enabled=False)
+    logger = MetricLogger(tmp_path / "run", report_to=["tensorboard"], enabled=False)
     logger.log({"a": 1.0}, step=0)
     logger.close()
     assert not (tmp_path / "run").exists()
 
 
 def test_bad_metrics_are_rejected(tmp_path):
-    with MetricLogger(tmp_path, tensorboard=False) as logger:
+    with MetricLogger(tmp_path, report_to=[]) as logger:
         with pytest.raises(ValueError, match="'a' must be a number"):
             logger.log({"a": "high"}, step=0)
         with pytest.raises(ValueError, match="'v' must be a scalar"):
@@ -88,13 +88,20 @@ def test_bad_metrics_are_rejected(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
-def test_tensorboard_receives_scalars(tmp_path):
+def test_tensorboard_only_when_listed(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with MetricLogger(tmp_path) as logger:
+    with MetricLogger(tmp_path / "off", report_to=[]) as logger:
+        logger.log({"reward/mean": 0.25}, step=1)
+    assert not (tmp_path / "off" / "tensorboard").exists()
+    assert len(strict_lines(tmp_path / "off" / "metrics.jsonl")) == 1
+
+    with MetricLogger(tmp_path / "on", report_to=["tensorboard"]) as logger:
         logger.log({"reward/mean": 0.25}, step=1)
         logger.log({"reward/mean": 0.75}, step=2)
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    events_files = list((tmp_path / "on" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events_files) == 1
+    acc = EventAccumulator(str(tmp_path / "on" / "tensorboard"))
     acc.Reload()
     events = acc.Scalars("reward/mean")
     assert [(e.step, e.value) for e in events] == [(1, 0.25), (2, 0.75)]
@@ -102,38 +109,78 @@ def test_tensorboard_receives_scalars(tmp_path):
 
 def test_missing_tensorboard_is_skipped_with_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
-    with MetricLogger(tmp_path) as logger:
+    with MetricLogger(tmp_path, report_to=["tensorboard"]) as logger:
         logger.log({"a": 1.0}, step=0)
-    assert "tensorboard is not installed" in capsys.readouterr().out
+    assert capsys.readouterr().out == (
+        "tensorboard is not installed (pip install 'primekit[tensorboard]'); "
+        "TensorBoard logging is off\n"
+    )
     assert not (tmp_path / "tensorboard").exists()
     assert len(strict_lines(tmp_path / "metrics.jsonl")) == 1
 
 
-def test_wandb_gets_init_kwargs_numbers_and_finish(tmp_path, monkeypatch):
-    calls: list = []
+def test_unknown_sink_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match=r"report_to: unknown sinks \['mlflow'\]"):
+        MetricLogger(tmp_path, report_to=["mlflow"])
 
-    class Run:
-        def log(self, data, step):
-            calls.append(("log", data, step))
 
-        def finish(self):
-            calls.append(("finish",))
+class FakeWandb:
+    """Records wandb.init's arguments and what the run receives."""
 
-    def init(**kwargs):
-        calls.append(("init", kwargs))
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def init(self, **kwargs):
+        self.calls.append(("init", kwargs))
+        calls = self.calls
+
+        class Run:
+            def log(self, data, step):
+                calls.append(("log", data, step))
+
+            def finish(self):
+                calls.append(("finish",))
+
         return Run()
 
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
-    with MetricLogger(tmp_path, tensorboard=False, wandb={"project": "p"}) as logger:
-        logger.log({"a": float("nan"), "b": 2}, step=7)
-    assert calls[0] == ("init", {"dir": str(tmp_path), "project": "p"})
-    assert calls[1][0] == "log" and calls[1][2] == 7
-    assert math.isnan(calls[1][1]["a"]) and calls[1][1]["b"] == 2.0
-    assert calls[2] == ("finish",)
 
-    monkeypatch.setitem(sys.modules, "wandb", None)
-    with pytest.raises(ImportError, match="wandb"):
-        MetricLogger(tmp_path, tensorboard=False, wandb={})
+def test_wandb_run_is_named_after_the_run_dir_and_offline_without_a_key(tmp_path, monkeypatch):
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    run_dir = tmp_path / "prime-seed1"
+    with MetricLogger(run_dir, report_to=["wandb"], run_config={"prm": {"beta": 0.05}}) as logger:
+        logger.log({"a": float("nan"), "b": 2}, step=7)
+    assert fake.calls[0] == ("init", {"dir": str(run_dir), "name": "prime-seed1",
+                                      "project": "primekit", "mode": "offline",
+                                      "config": {"prm": {"beta": 0.05}}})
+    assert fake.calls[1][0] == "log" and fake.calls[1][2] == 7
+    assert math.isnan(fake.calls[1][1]["a"]) and fake.calls[1][1]["b"] == 2.0
+    assert fake.calls[2] == ("finish",)
+    assert not (run_dir / "tensorboard").exists()
+
+    # WANDB_MODE and WANDB_PROJECT win; an API key alone means online.
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    fake.calls.clear()
+    MetricLogger(tmp_path / "b", report_to=["wandb"]).close()
+    assert fake.calls[0][1]["mode"] == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_PROJECT", "mine")
+    fake.calls.clear()
+    MetricLogger(tmp_path / "c", report_to=["wandb"]).close()
+    assert (fake.calls[0][1]["mode"], fake.calls[0][1]["project"]) == ("disabled", "mine")
+
+
+def test_wandb_listed_but_missing_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import now fails
+    with pytest.raises(ConfigError) as err:
+        MetricLogger(tmp_path / "run", report_to=["tensorboard", "wandb"])
+    assert str(err.value) == ("train.report_to: 'wandb' is listed but the wandb package is not "
+                              "installed: pip install 'primekit[wandb]'")
+    assert not (tmp_path / "run").exists()  # failed before writing anything
+    # Not listed: never imported.
+    MetricLogger(tmp_path / "ok", report_to=[]).close()
 
 
 def plain_console() -> Console:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from primekit.reward_models.cli import add_subcommands, dispatch
+from primekit.reward_models.cli import COMMANDS, add_subcommands, dispatch
 
 CONFIG = Path(__file__).resolve().parents[2] / "primekit" / "configs" / "tiny-explicit.yaml"
 HACK_KEYS = (
@@ -27,11 +27,15 @@ HACK_KEYS = (
 )
 
 
-def _run(*argv: str) -> bool:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     add_subcommands(sub)
-    return dispatch(parser.parse_args(list(argv)))
+    return parser
+
+
+def _run(*argv: str) -> bool:
+    return dispatch(_parser().parse_args(list(argv)))
 
 
 def _common(policy: Path) -> list[str]:
@@ -40,7 +44,7 @@ def _common(policy: Path) -> list[str]:
         "rollout.max_new_tokens=16",
         "data.num_train=50",
         "data.num_eval=8",
-        "train.tensorboard=false",
+        "train.report_to=[]",
         "train.threads=0",
     ]
 
@@ -53,40 +57,42 @@ def work(tiny_model_dir, tmp_path_factory):
         "train-orm",
         "--config",
         str(CONFIG),
-        "--out-dir",
-        str(root / "orm"),
-        "--num-problems",
-        "6",
-        "--samples",
-        "2",
-        "--eval-problems",
-        "3",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "6",
-        "--all-groups",
         *common,
+        f"orm.out_dir={root / 'orm'}",
+        "orm.num_problems=6",
+        "orm.n_samples=2",
+        "orm.num_eval_problems=3",
+        "orm.epochs=1",
+        "orm.batch_size=6",
+        "orm.mixed_only=false",
     )
     assert _run(
         "train-prm",
         "--config",
         str(CONFIG),
-        "--out-dir",
-        str(root / "prm"),
-        "--num-problems",
-        "3",
-        "--samples",
-        "2",
-        "--completions",
-        "2",
-        "--eval-problems",
-        "2",
-        "--epochs",
-        "1",
         *common,
+        f"step_prm.out_dir={root / 'prm'}",
+        "step_prm.num_problems=3",
+        "step_prm.n_samples=2",
+        "step_prm.n_completions=2",
+        "step_prm.num_eval_problems=2",
+        "step_prm.epochs=1",
     )
     return root, common
+
+
+def test_commands_take_only_config_and_overrides():
+    parser = _parser()
+    for command in COMMANDS:
+        args = parser.parse_args([command, "--config", "tiny-explicit", "orm.epochs=2"])
+        assert vars(args) == {
+            "command": command,
+            "config": "tiny-explicit",
+            "overrides": ["orm.epochs=2"],
+        }
+    # The settings that were flags are config fields now, with their defaults in one place.
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train-orm", "--epochs", "2"])
 
 
 def test_train_orm_output(work):
@@ -122,15 +128,11 @@ def test_hack_check_command(work, capsys):
         "hack-check",
         "--config",
         str(CONFIG),
-        "--prm",
-        str(root / "prm"),
-        "--out-dir",
-        str(out),
-        "--num-responses",
-        "3",
-        "--max-repeats",
-        "2",
         *common,
+        f"explicit.model_path={root / 'prm'}",
+        f"hack_check.out_dir={out}",
+        "hack_check.num_responses=3",
+        "hack_check.max_repeats=2",
     )
     report = json.loads((out / "hack_check.json").read_text())
     assert report["responses"] == 3 and len(report["rows"]) == 1 + 3 * 2
@@ -154,7 +156,7 @@ def _wired() -> bool:
 
 MODES = {
     "SR": ("algorithm.reward_mode=outcome",),
-    "SR+OR": ("algorithm.reward_mode=orm", "explicit.transform=none"),
+    "SR+OR": ("algorithm.reward_mode=explicit-orm", "explicit.transform=none"),
     "SR+PR": ("explicit.transform=none",),
     "SR+PR-Clip": ("explicit.transform=clip",),
     "SR+PR-Delta": ("explicit.transform=delta",),
@@ -181,8 +183,7 @@ def test_reward_mode_two_rl_steps(work, mode, tmp_path):
         CONFIG,
         [
             *common,
-            f"explicit.orm={root / 'orm'}",
-            f"explicit.prm={root / 'prm'}",
+            f"explicit.model_path={root / ('orm' if mode == 'SR+OR' else 'prm')}",
             f"train.run_dir={tmp_path / 'run'}",
             "train.steps=2",
             "train.prompts_per_step=2",
@@ -196,7 +197,9 @@ def test_reward_mode_two_rl_steps(work, mode, tmp_path):
     trainer = RLTrainer(cfg)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     rewarders = [v for v in vars(trainer).values() if isinstance(v, ExplicitRewarder)]
-    assert len(rewarders) == (1 if cfg.algorithm.reward_mode in ("orm", "prm") else 0)
+    assert len(rewarders) == (
+        1 if cfg.algorithm.reward_mode in ("explicit-orm", "explicit-prm") else 0
+    )
     rm_before = [p.detach().clone() for r in rewarders for p in r.model.parameters()]
     history = trainer.train()
     steps = [m for m in history if "policy/loss" in m]

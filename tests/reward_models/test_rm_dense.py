@@ -38,7 +38,9 @@ def batch(tiny_model_dir):
 
 
 def _cfg(mode: str, path, *extra: str):
-    return load_config(None, [f"algorithm.reward_mode={mode}", f"explicit.{mode}={path}", *extra])
+    return load_config(
+        None, [f"algorithm.reward_mode=explicit-{mode}", f"explicit.model_path={path}", *extra]
+    )
 
 
 def test_transform_step_rewards_dispatch_and_eta_check():
@@ -95,7 +97,10 @@ def test_prm_rewarder_places_transformed_step_rewards(rm_dir, batch, transform):
     rewards, metrics = ExplicitRewarder(cfg, tok).token_rewards(b)
     from primekit.reward_models.heads import load_reward_model
 
-    probs, pos, step_mask = prm_step_scores(load_reward_model(rm_dir), tok, b, delimiter="\n")
+    probs, pos, step_mask = prm_step_scores(
+        load_reward_model(rm_dir), tok, b, delimiter="\n",
+        micro_batch_size=cfg.policy.micro_batch_size,  # the rewarder's batching, the same floats
+    )
     expect = transform_step_rewards(probs, step_mask, transform, eta=0.5, length_penalty=0.05)
     # Each step's reward sits on its step's last token and nowhere else.
     for i in range(len(b)):
@@ -123,5 +128,11 @@ def test_rewarder_rejects_bad_setups(rm_dir, batch):
         ExplicitRewarder(_cfg("prm", rm_dir, "explicit.transform=clip"), tok)
     cfg = _cfg("prm", rm_dir)
     cfg.algorithm.reward_mode = "prime"
-    with pytest.raises(ValueError, match="reward_mode"):
+    with pytest.raises(ValueError, match="algorithm.reward_mode: ExplicitRewarder needs "
+                                         "'explicit-orm' or 'explicit-prm', got 'prime'"):
+        ExplicitRewarder(cfg, tok)
+    cfg = _cfg("orm", rm_dir)
+    cfg.explicit.model_path = None
+    with pytest.raises(ValueError, match=r"explicit.model_path: reward_mode=explicit-orm needs a "
+                                         r"trained reward model \(primekit train-orm\)"):
         ExplicitRewarder(cfg, tok)

@@ -18,7 +18,7 @@ def small_overrides(policy: Path, run_dir: Path) -> list[str]:
         "train.steps=2",
         "train.prompts_per_step=4",
         "train.save_every=0",
-        "train.tensorboard=false",
+        "train.report_to=[]",
         "rollout.max_new_tokens=24",
         # An SFT model this short-trained is nearly always wrong; the filter would drop everything.
         "filter.enabled=false",
@@ -40,7 +40,7 @@ def sft_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sft") / "model"
     cfg = load_config(CONFIG, [f"sft.out_dir={out}", "sft.steps=30", "sft.batch_size=32",
                                "sft.warmup_steps=5", "data.num_train=500",
-                               "train.tensorboard=false"])
+                               "train.report_to=[]"])
     run_sft(cfg)
     return out
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from primekit.cli import main
-from primekit.config import Config, ConfigError, load_config
+from primekit.config import Config, ConfigError, load_config, validate
 from primekit.data.splits import load_splits
 
 
@@ -29,21 +31,81 @@ def test_yaml_then_overrides(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("prm.betta=0.1", "prm.betta: unknown field 'betta'"),
-        ("prn.beta=0.1", "prn.beta: unknown section 'prn'"),
-        ("prm.beta=high", "prm.beta: expected a number"),
-        ("train.steps=2.5", "train.steps: expected an integer"),
-        ("prm.loss=hinge", "prm.loss: 'hinge' is not one of"),
-        ("filter.lo=0.9", "filter.lo/filter.hi"),
+        ("prm.betta=0.1", "prm.betta: unknown field 'betta'; valid: ['beta', 'forward', "),
+        ("prn.beta=0.1", "prn: unknown section 'prn'; valid: ['algorithm', 'critic', "),
+        ("prm.beta=high", "prm.beta: Input should be a valid number, unable to parse string as a "
+                          "number, got 'high'"),
+        ("train.steps=2.5", "train.steps: Input should be a valid integer, got a number with a "
+                            "fractional part, got 2.5"),
+        ("prm.loss=hinge", "prm.loss: Input should be 'ce' or 'dpo', got 'hinge'"),
+        ("algorithm.reward_mode=prm", "algorithm.reward_mode: Input should be 'prime', 'outcome', "
+                                      "'explicit-orm' or 'explicit-prm', got 'prm'"),
+        ("train.report_to=[tensorboard, mlflow]", "train.report_to.1: Input should be "
+                                                  "'tensorboard' or 'wandb', got 'mlflow'"),
+        ("filter.lo=0.9", "filter.lo/filter.hi: need lo <= hi, got lo=0.9 hi=0.8"),
+        ("filter.hi=1.5", "filter.hi: Input should be less than or equal to 1, got 1.5"),
         ("rollout.n_samples=1", "rollout.n_samples: rloo needs at least 2"),
         ("prm.update=frozen", "prm.update: a frozen PRM initialised from the policy"),
-        ("prm.beta=-1", "prm.beta: must be > 0"),
-        ("sft.threads=-2", "sft.threads: must be >= 0"),
+        ("prm.beta=-1", "prm.beta: Input should be greater than 0, got -1"),
+        ("prm.lr=.nan", "prm.lr: Input should be a finite number, got nan"),
+        ("sft.threads=-2", "sft.threads: Input should be greater than or equal to 0, got -2"),
+        ("data.heldout_fraction=1", "data.heldout_fraction: Input should be less than 1, got 1"),
+        ("verifier.math_workers=0", "verifier.math_workers: Input should be greater than 0"),
+        ("algorithm.reward_mode=explicit-prm", "explicit.model_path: reward_mode=explicit-prm "
+                                               "needs the directory of a trained reward model "
+                                               "(primekit train-prm)"),
+        ("prm.overlap=true", "prm.overlap: unknown field 'overlap'"),
+        ("explicit.dense_coef=1", "explicit.dense_coef: unknown field 'dense_coef'"),
+        ("prm=0.1", "prm: keys have the form section.field"),
     ],
 )
 def test_bad_values_name_the_field(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
         load_config(None, [override])
+    assert "\n" not in str(err.value)
+
+
+def test_bad_yaml_names_the_field_and_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("prm:\n  beta: [0.1]\nrollout: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    # Every problem on one line, each starting with its dotted name, in the sections' order.
+    assert str(err.value) == (
+        "rollout: Input should be a dictionary or an instance of RolloutConfig, got 4; "
+        "prm.beta: Input should be a valid number, got [0.1]"
+    )
+    path.write_text("prm: {beta: 0.1\n")
+    with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: not valid YAML at line 2"):
+        load_config(path)
+
+
+def test_choices_and_new_fields_parse_from_overrides():
+    cfg = load_config(None, [
+        "algorithm.reward_mode=explicit-orm", "explicit.model_path=runs/orm",
+        "algorithm.value_transform=sigmoid", "algorithm.discount_outcome=true",
+        "train.report_to=[]", "data.heldout_fraction=0.1", "verifier.code_memory_mb=512",
+        "step_prm.n_completions=4", "hack_check.source=sampled", "model.policy=123",
+    ])
+    assert (cfg.algorithm.reward_mode, cfg.explicit.model_path) == ("explicit-orm", "runs/orm")
+    assert cfg.algorithm.value_transform == "sigmoid" and cfg.algorithm.discount_outcome is True
+    assert cfg.train.report_to == [] and Config().train.report_to == ["tensorboard"]
+    assert cfg.data.heldout_fraction == 0.1 and cfg.verifier.code_memory_mb == 512
+    assert cfg.step_prm.n_completions == 4 and cfg.hack_check.source == "sampled"
+    assert cfg.model.policy == "123"  # a YAML number where a path is expected stays a path
+
+
+def test_validate_rechecks_a_config_changed_in_code():
+    cfg = load_config(None)
+    cfg.prm.loss = "hinge"
+    with pytest.raises(ConfigError, match="prm.loss: Input should be 'ce' or 'dpo'"):
+        validate(cfg)
+    cfg.prm.loss = "ce"
+    cfg.algorithm.reward_mode = "explicit-orm"
+    cfg.explicit.model_path = "runs/orm"
+    cfg.explicit.transform = "clip"
+    with pytest.raises(ConfigError, match="explicit.transform: Clip/Delta"):
+        validate(cfg)
 
 
 def test_impossible_combination_double_forward_on_frozen_prm():
@@ -63,6 +125,16 @@ def test_procedural_heldout_problems_are_distinct_and_never_trained_on():
     only_two = ["data.min_operands=2", "data.max_operands=2", "data.num_eval=100"]
     with pytest.raises(ConfigError, match="data.num_eval: could not draw 100 unique 'test'"):
         load_splits(load_config(None, only_two))
+
+
+def test_heldout_fraction_splits_a_training_file(tmp_path):
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(40)))
+    common = ["data.source=file", "data.task=arithmetic", f"data.train_path={data}"]
+    for fraction, held in ((0.05, 2), (0.25, 10)):
+        train, heldout = load_splits(load_config(None, [*common, f"data.heldout_fraction={fraction}"]))
+        assert (len(train), len(heldout)) == (40 - held, held)
+        assert {p.prompt for p in train}.isdisjoint(p.prompt for p in heldout)
 
 
 def test_cli_reports_config_errors(capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from primekit.config import load_config
 from primekit.data.problem import Problem
 from primekit.verifiers import (
     CodeVerifier,
@@ -15,12 +16,25 @@ from primekit.verifiers import (
 )
 
 
-def test_build_verifier_by_task_with_options():
-    math = build_verifier("math", timeout_s=3.0, workers=1)
+def test_build_verifier_by_task_with_the_config_limits():
+    limits = load_config(None, ["verifier.math_timeout_s=3", "verifier.math_workers=1",
+                                "verifier.code_timeout_s=2", "verifier.code_memory_mb=256",
+                                "verifier.code_workers=3", "verifier.code_test_timeout_s=0.5"]).verifier
+    math = build_verifier("math", limits)
     assert isinstance(math, MathVerifier) and (math.timeout_s, math.workers) == (3.0, 1)
-    code = build_verifier("code", timeout_s=2.0, memory_mb=256, max_workers=3)
+    code = build_verifier("code", limits)
     assert isinstance(code, CodeVerifier)
-    assert (code.limits.timeout_s, code.limits.memory_mb, code.max_workers) == (2.0, 256, 3)
+    assert (code.limits.timeout_s, code.limits.test_timeout_s, code.limits.memory_mb,
+            code.max_workers) == (2.0, 0.5, 256, 3)
+
+
+def test_verifier_defaults_are_the_configs():
+    # One home for each limit: the classes and build_verifier without limits use the config's.
+    math, code = build_verifier("math"), build_verifier("code")
+    assert (math.timeout_s, math.workers) == (5.0, 2) == (MathVerifier().timeout_s,
+                                                          MathVerifier().workers)
+    assert (code.limits.timeout_s, code.limits.memory_mb, code.max_workers) == (10.0, 1024, 2)
+    assert (CodeVerifier().limits.timeout_s, CodeVerifier().max_workers) == (10.0, 2)
 
 
 def test_build_verifier_arithmetic():
