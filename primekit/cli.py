@@ -86,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_distributed_command(args, cfg) -> None:
     if args.command == "train":
-        from primekit.trainer.rl import RLTrainer
+        from primekit.factory import build_rl_trainer
 
-        RLTrainer(cfg, resume=args.resume).train()
+        build_rl_trainer(cfg, resume=args.resume).train()
     else:
         from primekit.logging import print_table
         from primekit.trainer.eval import evaluate_checkpoint

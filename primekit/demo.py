@@ -10,14 +10,13 @@ import json
 import time
 from pathlib import Path
 
-from primekit.cli import CONFIG_DIR
-from primekit.config import load_config
+from primekit.config import CONFIG_DIR, load_config
 from primekit.logging import console, print_table
 
 
 def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict:
+    from primekit.factory import build_rl_trainer
     from primekit.trainer.eval import evaluate_checkpoint
-    from primekit.trainer.rl import RLTrainer
     from primekit.trainer.sft import run_sft
 
     start = time.perf_counter()
@@ -31,7 +30,7 @@ def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict:
     sft_eval = evaluate_checkpoint(cfg, str(sft_dir))
     console.rule(f"[bold]3/3  PRIME: {cfg.train.steps} RL steps")
     t_rl = time.perf_counter()
-    trainer = RLTrainer(cfg)
+    trainer = build_rl_trainer(cfg)
     history = trainer.train()
     rl_wall = time.perf_counter() - t_rl
     rl_eval = history[-1]

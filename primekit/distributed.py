@@ -205,6 +205,18 @@ def reduce_metrics(
     return {k: float(v) for k, v in zip(keys, reduced.tolist())}
 
 
+def average_gradients(model: torch.nn.Module) -> None:
+    """Average `model`'s gradients across ranks (a plain all-reduce per parameter; no-op on one).
+
+    Replicated data parallelism: every rank holds the whole model. Sharding arrives with FSDP.
+    """
+    if world_size() == 1:
+        return
+    for p in model.parameters():
+        if p.grad is not None:
+            torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.AVG)
+
+
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Return rank `src`'s `obj` on every rank (pickled; for small objects like configs, paths)."""
     if world_size() == 1:

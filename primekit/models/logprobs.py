@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from primekit.rollout.base import RolloutBatch
+from primekit.rollout.batching import iter_micro_batches
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -67,7 +70,6 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
-    micro_batch_size: int | None = None,
     chunk_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last T = response_len tokens of each row given everything before them.
@@ -77,12 +79,12 @@ def sequence_logprobs(
     position_ids come from the attention mask (cumsum - 1), so left padding does not shift
     positions. Columns whose attention_mask is 0 (response padding) get 0 in both outputs.
 
-    Memory: logits are never formed for prompt columns. The backbone's hidden states for the
-    T predicting columns go through lm_head in chunks of chunk_size tokens; under autograd each
-    chunk is checkpointed when there is more than one, so only one chunk's [n, chunk, V] logits
-    live at a time, also in backward (at the price of recomputing the lm_head matmul). Rows are
-    processed micro_batch_size at a time, and per micro-batch the columns that are padding in
-    every row are dropped.
+    The rows are one forward pass: callers chunk rows and trim padding beforehand
+    (`primekit.rollout.batching.iter_micro_batches`). Memory: logits are never formed for prompt
+    columns. The backbone's hidden states for the T predicting columns go through lm_head in
+    chunks of chunk_size tokens; under autograd each chunk is checkpointed when there is more
+    than one, so only one chunk's [n, chunk, V] logits live at a time, also in backward (at the
+    price of recomputing the lm_head matmul).
 
     Args:
         model: a Hugging Face causal LM (decoder + lm_head).
@@ -91,7 +93,6 @@ def sequence_logprobs(
         response_len: T, with 1 <= T < L.
         temperature: logits are divided by it (> 0), matching the sampling distribution.
         compute_entropy: also return per-token entropies.
-        micro_batch_size: rows per forward pass (None: all N at once).
         chunk_size: response tokens per lm_head chunk.
 
     Returns:
@@ -102,59 +103,81 @@ def sequence_logprobs(
             f"input_ids and attention_mask must both be [N, L], got {tuple(input_ids.shape)} "
             f"and {tuple(attention_mask.shape)}"
         )
-    n_rows, length = input_ids.shape
+    length = input_ids.shape[1]
     if not isinstance(response_len, int) or not 1 <= response_len < length:
         raise ValueError(f"response_len must be an int in [1, {length - 1}], got {response_len!r}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if micro_batch_size is not None and micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
 
     backbone, head, softcap = _backbone_and_head(model)
     device = next(model.parameters()).device
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    ids, mask = input_ids.to(device), attention_mask.to(device).long()  # [N, L]
     T = response_len
-    mb = micro_batch_size or n_rows
-    out_logprobs, out_entropy = [], []
-    for start in range(0, n_rows, mb):
-        ids = input_ids[start : start + mb]  # [n, L]
-        mask = attention_mask[start : start + mb].long()  # [n, L]
-        # Trim columns that are padding in every row: leading ones (prompt side, but at most up
-        # to the first response column) and trailing ones (response side).
-        active = mask.any(0)
-        first = min(int(active.nonzero()[0]) if active.any() else 0, length - T - 1)
-        last = max(int(active.nonzero()[-1]) + 1 if active.any() else length, length - T + 1)
-        ids, mask = ids[:, first:last], mask[:, first:last]
-        keep = last - (length - T)  # response columns kept: [length - T, last)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L']
-        hidden = backbone(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state  # [n, L', H]
-        width = ids.shape[1]
-        hidden = hidden[:, width - keep - 1 : width - 1]  # [n, keep, H], predicting columns
-        targets = ids[:, width - keep :]  # [n, keep]
-        chunks = range(0, keep, chunk_size)
-        use_ckpt = torch.is_grad_enabled() and len(chunks) > 1
-        lp_parts, ent_parts = [], []
-        for c in chunks:
-            args = (hidden[:, c : c + chunk_size], targets[:, c : c + chunk_size], head)
-            args += (temperature, softcap, compute_entropy)
-            if use_ckpt:
-                lp, ent = checkpoint(_token_logprobs_and_entropy, *args, use_reentrant=False)
-            else:
-                lp, ent = _token_logprobs_and_entropy(*args)
-            lp_parts.append(lp)
-            ent_parts.append(ent)
-        logprobs = torch.cat(lp_parts, dim=1)  # [n, keep]
-        entropy = torch.cat(ent_parts, dim=1)  # [n, keep]
-        response_mask = mask[:, width - keep :].to(logprobs.dtype)  # [n, keep]
-        pad = T - keep
-        logprobs = torch.nn.functional.pad(logprobs * response_mask, (0, pad))  # [n, T]
-        entropy = torch.nn.functional.pad(entropy * response_mask, (0, pad))  # [n, T]
-        out_logprobs.append(logprobs)
-        out_entropy.append(entropy)
-    logprobs = torch.cat(out_logprobs, dim=0)  # [N, T]
-    entropy = torch.cat(out_entropy, dim=0) if compute_entropy else None  # [N, T]
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+    hidden = backbone(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # [N, L, H]
+    hidden = hidden[:, length - T - 1 : length - 1]  # [N, T, H], the predicting columns
+    targets = ids[:, length - T :]  # [N, T]
+    chunks = range(0, T, chunk_size)
+    use_ckpt = torch.is_grad_enabled() and len(chunks) > 1
+    lp_parts, ent_parts = [], []
+    for c in chunks:
+        args = (hidden[:, c : c + chunk_size], targets[:, c : c + chunk_size], head)
+        args += (temperature, softcap, compute_entropy)
+        if use_ckpt:
+            lp, ent = checkpoint(_token_logprobs_and_entropy, *args, use_reentrant=False)
+        else:
+            lp, ent = _token_logprobs_and_entropy(*args)
+        lp_parts.append(lp)
+        ent_parts.append(ent)
+    response_mask = mask[:, length - T :]  # [N, T]
+    logprobs = torch.cat(lp_parts, dim=1) * response_mask  # [N, T]
+    entropy = torch.cat(ent_parts, dim=1) * response_mask if compute_entropy else None  # [N, T]
     return logprobs, entropy
+
+
+@torch.no_grad()
+def batch_logprobs(model: PreTrainedModel, batch: RolloutBatch, micro_batch_size: int,
+                   multiple: int = 1) -> torch.Tensor:
+    """No-grad per-token log-probs of every response in `batch`: [N, T] float32 on the CPU.
+
+    Compare only log-probs computed with the same (micro_batch_size, multiple): equal
+    micro-batches give equal padding, so two copies of one model give bitwise-equal log-probs
+    (process rewards of exactly zero at initialisation).
+    """
+    device = next(model.parameters()).device
+    out = torch.zeros(batch.response_ids.shape)  # [N, T]
+    for mb in iter_micro_batches(batch, micro_batch_size, multiple):
+        lp, _ = sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
+                                  mb.response_len)
+        out[mb.rows, : mb.response_len] = lp.float().cpu()
+    return out * batch.response_mask.float()
+
+
+def sequence_values(critic: PreTrainedModel, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+    """Critic values V(y_<t) for the last T = response_len tokens: [N, T] float32.
+
+    `critic` is a Hugging Face *ForTokenClassification model with one label; the value of token
+    t is read at the column that predicts it (L - T - 1 + t), like `sequence_logprobs`.
+    """
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+    out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    values = out.logits[..., 0]  # [N, L]
+    return values[:, -response_len - 1 : -1].float()
+
+
+@torch.no_grad()
+def batch_values(critic: PreTrainedModel, batch: RolloutBatch,
+                 micro_batch_size: int) -> torch.Tensor:
+    """No-grad critic values of every response token in `batch`: [N, T] on the CPU."""
+    device = next(critic.parameters()).device
+    out = torch.zeros(batch.response_ids.shape)  # [N, T]
+    for mb in iter_micro_batches(batch, micro_batch_size):
+        values = sequence_values(critic, mb.input_ids.to(device), mb.attention_mask.to(device),
+                                 mb.response_len)
+        out[mb.rows, : mb.response_len] = values.cpu()
+    return out * batch.response_mask.float()

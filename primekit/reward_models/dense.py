@@ -18,6 +18,8 @@ Correct(q, s) times algorithm.outcome_coef (paper: 5).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place_step_rewards
@@ -140,3 +142,18 @@ class ExplicitRewarder:
             metrics["explicit/prm_prob_min_mean"] = float(weakest.mean())
             metrics["explicit/step_reward_mean"] = float(step_rewards[valid].mean())
         return rewards, metrics
+
+    # The trainer's TokenRewarder seam (primekit.trainer.experience): a frozen model, so no
+    # reference log-probs, nothing trained, nothing to checkpoint.
+    needs_reference = False
+
+    def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
+                group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+        t0 = time.perf_counter()
+        rewards, metrics = self.token_rewards(batch)
+        metrics["timing/explicit_rm"] = time.perf_counter() - t0
+        return rewards, metrics
+
+    def trainable(self) -> dict:
+        return {}

@@ -46,7 +46,7 @@ def _naive(model, ids, temperature=1.0):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"chunk_size": 2}, {"micro_batch_size": 4, "chunk_size": 1}, {"micro_batch_size": 1}],
+    [{}, {"chunk_size": 2}, {"chunk_size": 1}],
 )
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_matches_naive_full_logits(model64, kwargs, temperature):
@@ -80,7 +80,7 @@ def test_gradients_equal_with_and_without_chunking(model64):
     ids, mask = _ragged_batch(2)
     weights = torch.randn(6, T, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     grads = []
-    for kwargs in [{}, {"chunk_size": 2, "micro_batch_size": 4}]:
+    for kwargs in [{}, {"chunk_size": 2}]:
         model64.zero_grad()
         lp, ent = sequence_logprobs(model64, ids, mask, T, compute_entropy=True, **kwargs)
         ((lp * weights).sum() + ent.sum()).backward()
@@ -113,5 +113,5 @@ def test_bad_arguments(model64):
         sequence_logprobs(model64, ids, mask, T, temperature=0.0)
     with pytest.raises(ValueError, match="attention_mask"):
         sequence_logprobs(model64, ids, mask[:, 1:], T)
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        sequence_logprobs(model64, ids, mask, T, micro_batch_size=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        sequence_logprobs(model64, ids, mask, T, chunk_size=0)

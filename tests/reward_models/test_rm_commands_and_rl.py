@@ -8,7 +8,6 @@ that the explicit reward model stays frozen, not what it learned).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 from pathlib import Path
@@ -146,14 +145,6 @@ def test_dispatch_leaves_other_commands_alone():
     assert dispatch(argparse.Namespace(command="train")) is False
 
 
-def _wired() -> bool:
-    from primekit.trainer import rl
-
-    return "ExplicitRewarder" in inspect.getsource(
-        rl
-    ) and "reward_hacking_metrics" in inspect.getsource(rl)
-
-
 MODES = {
     "SR": ("algorithm.reward_mode=outcome",),
     "SR+OR": ("algorithm.reward_mode=explicit-orm", "explicit.transform=none"),
@@ -170,13 +161,9 @@ MODES = {
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_reward_mode_two_rl_steps(work, mode, tmp_path):
-    if not _wired():
-        pytest.skip(
-            "primekit/trainer/rl.py does not call ExplicitRewarder / reward_hacking_metrics yet"
-        )
     from primekit.config import load_config
+    from primekit.factory import build_rl_trainer
     from primekit.reward_models.dense import ExplicitRewarder
-    from primekit.trainer.rl import RLTrainer
 
     root, common = work
     cfg = load_config(
@@ -194,9 +181,9 @@ def test_reward_mode_two_rl_steps(work, mode, tmp_path):
             *MODES[mode],
         ],
     )
-    trainer = RLTrainer(cfg)
+    trainer = build_rl_trainer(cfg)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
-    rewarders = [v for v in vars(trainer).values() if isinstance(v, ExplicitRewarder)]
+    rewarders = [r for r in [trainer.rewarder] if isinstance(r, ExplicitRewarder)]
     assert len(rewarders) == (
         1 if cfg.algorithm.reward_mode in ("explicit-orm", "explicit-prm") else 0
     )

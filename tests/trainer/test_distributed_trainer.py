@@ -39,16 +39,15 @@ class _Parity:
 
 
 def _worker(rank: int, world: int, init_file: str, policy: str, run_dir: str, out: str) -> None:
-    from primekit.trainer.rl import RLTrainer
+    from primekit.factory import build_rl_trainer
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=world)
     try:
         torch.set_num_threads(1)
         cfg = load_config(CONFIG, small_overrides(Path(policy), Path(run_dir)) + [
-            "train.steps=2", "train.save_every=1", "eval.k=1", "prm.overlap=true"])
-        trainer = RLTrainer(cfg)
-        trainer.verifier = _Parity()
+            "train.steps=2", "train.save_every=1", "eval.k=1"])
+        trainer = build_rl_trainer(cfg, verifier=_Parity())
         first_prompts = [trainer.train_problems[i].prompt for i in trainer.sampler.take(4)]
         trainer.sampler.load_state_dict({"epoch": 0, "position": 0})
         initial = [p.detach().clone() for p in trainer.policy.parameters()]
@@ -71,7 +70,7 @@ def _worker(rank: int, world: int, init_file: str, policy: str, run_dir: str, ou
             "policy_changed": any(not torch.equal(a, b)
                                   for a, b in zip(initial, trainer.policy.parameters())),
             "policy": {k: v.clone() for k, v in trainer.policy.state_dict().items()},
-            "prm": {k: v.clone() for k, v in trainer.prm.state_dict().items()},
+            "prm": {k: v.clone() for k, v in trainer.rewarder.model.state_dict().items()},
         }, Path(out) / f"rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()

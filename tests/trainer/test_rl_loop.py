@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from primekit.trainer.rl import RLTrainer
+from primekit.factory import build_rl_trainer
 from primekit.verifiers.base import Verdict
 
 
@@ -34,12 +34,13 @@ def test_prime_two_steps_change_policy_and_prm_and_checkpoint_loads(rl_config):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = rl_config()
-    trainer = RLTrainer(cfg)
-    policy_before, prm_before = _params(trainer.policy), _params(trainer.prm)
+    trainer = build_rl_trainer(cfg)
+    prm = trainer.rewarder.model
+    policy_before, prm_before = _params(trainer.policy), _params(prm)
     history = trainer.train()
     assert trainer.step == 2
     assert _changed(policy_before, trainer.policy)
-    assert _changed(prm_before, trainer.prm)
+    assert _changed(prm_before, prm)
     # The reference stays frozen.
     assert all(not p.requires_grad for p in trainer.ref.parameters())
     step_metrics = history[:2]
@@ -52,71 +53,82 @@ def test_prime_two_steps_change_policy_and_prm_and_checkpoint_loads(rl_config):
         assert all(key in m for m in step_metrics), key
     assert "eval/pass@1_greedy" in history[-1]
     ckpt = cfg.train.run_dir + "/checkpoints/step_000002"
-    for name in ("policy", "prm"):
+    for name, live_model in (("policy", trainer.policy), ("prm", prm)):
         model = AutoModelForCausalLM.from_pretrained(f"{ckpt}/{name}")
         AutoTokenizer.from_pretrained(f"{ckpt}/{name}")
-        live = dict(getattr(trainer, name).named_parameters())
+        live = dict(live_model.named_parameters())
         for key, value in model.named_parameters():
             assert torch.equal(value, live[key].detach()), key
 
 
-# The online filter on (keeping only groups with 3 of 4 parity-correct samples): several rollout rounds per
-# step, so per-round scoring (prm.score_per_round) scores the batch in pieces.
+# The online filter on (keeping only groups with 3 of 4 parity-correct samples): several rollout
+# rounds per step, refilled until the batch holds prompts_per_step groups.
 MULTI_ROUND = ("filter.enabled=true", "filter.lo=0.75", "filter.hi=0.75", "filter.oversample=1.5",
                "filter.max_rounds=8")
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [("prm.score_per_round=false",), ("prm.score_per_round=true",),
-     ("prm.score_per_round=true", "prm.overlap=true", *MULTI_ROUND)],
-    ids=["whole-batch", "per-round", "per-round-overlap-multi-round"],
-)
+@pytest.mark.parametrize("extra", [(), MULTI_ROUND], ids=["one-round", "multi-round"])
 def test_process_rewards_are_exactly_zero_at_initialisation(rl_config, extra):
     # PRM, reference and policy all start from the SFT checkpoint, so beta * (log pi_prm -
     # log pi_ref) is exactly 0 for every token of the first batch scored before any PRM update
-    # (one PRM mini-batch holds the whole batch: 4 prompts x 4 samples = 16 rows), whether the
-    # batch is scored whole or round by round, in one thread or two.
-    trainer = RLTrainer(rl_config(*extra))
-    trainer.verifier = ParityVerifier()
-    timing: dict[str, float] = {}
-    exp, metrics = trainer.collect(timing)
-    assert ("round_scores" in exp.extra) == ("prm.score_per_round=true" in extra)
-    if MULTI_ROUND[0] in extra:
-        assert metrics["filter/rounds"] >= 2 and len(exp.extra["round_scores"]) >= 2
-    trainer.score_logprobs(exp, timing)
-    metrics = trainer.update_prm(exp, timing)
-    trainer._join_prm()
-    assert exp.response_mask.sum() > 0
-    assert torch.count_nonzero(exp.token_rewards) == 0
-    assert metrics["reward/implicit_token_abs_mean"] == 0.0
-
-
-def test_per_round_scoring_matches_whole_batch_scoring(rl_config, tmp_path):
-    # Scoring each rollout round's groups as they arrive changes only how rows are padded into
-    # micro-batches, not the arithmetic: one step from the same rollouts gives the same PRM loss,
-    # token rewards and updated weights up to float rounding.
-    runs = {}
-    for per_round in (False, True):
-        trainer = RLTrainer(rl_config("train.steps=1", *MULTI_ROUND,
-                                      f"prm.score_per_round={per_round}",
-                                      f"train.run_dir={tmp_path / str(per_round)}"))
-        trainer.verifier = ParityVerifier()
-        timing: dict[str, float] = {}
-        exp, metrics = trainer.collect(timing)
+    # (one PRM mini-batch holds the whole batch: 4 prompts x 4 samples = 16 rows), also when the
+    # batch was collected over several rollout rounds.
+    trainer = build_rl_trainer(rl_config(*extra), verifier=ParityVerifier())
+    exp, metrics = trainer.collect({})
+    if extra:
         assert metrics["filter/rounds"] >= 2
-        trainer.score_logprobs(exp, timing)
-        metrics.update(trainer.update_prm(exp, timing))
-        trainer._join_prm()
-        runs[per_round] = (trainer, exp, metrics)
-    (whole, whole_exp, whole_m), (rounds, rounds_exp, rounds_m) = runs[False], runs[True]
-    assert torch.equal(whole_exp.batch.response_ids, rounds_exp.batch.response_ids)
-    assert "round_scores" in rounds_exp.extra and "round_scores" not in whole_exp.extra
-    assert rounds_m["prm/loss"] == pytest.approx(whole_m["prm/loss"], rel=1e-5)
-    torch.testing.assert_close(rounds_exp.ref_logprobs, whole_exp.ref_logprobs)
-    torch.testing.assert_close(rounds_exp.token_rewards, whole_exp.token_rewards)
-    for a, b in zip(whole.prm.parameters(), rounds.prm.parameters()):
-        torch.testing.assert_close(a, b)
+    old = trainer.old_logprobs(exp.batch)
+    ref = trainer.ref_logprobs(exp.batch, old)
+    rewards, prm_metrics = trainer.rewarder.rewards(exp.batch, outcome_rewards=exp.outcome_rewards,
+                                                    group_ids=exp.group_ids, ref_logprobs=ref)
+    assert exp.response_mask.sum() > 0
+    assert torch.count_nonzero(rewards) == 0
+    assert float(prm_metrics["reward/implicit_token_abs_mean"]) == 0.0
+    # The collected batch is whole groups, contiguous, and every group passed the filter.
+    K = trainer.cfg.rollout.n_samples
+    assert torch.equal(exp.group_ids, torch.arange(len(exp) // K).repeat_interleave(K))
+    if extra:
+        assert torch.all(exp.outcome_rewards.view(-1, K).mean(1) == 0.75)
+
+
+def test_rewarder_and_verifier_are_injected(rl_config):
+    # The trainer uses the rewarder it is given: a fake paying +1 per token on even rows and 0 on
+    # odd ones. Its process term reaches the advantages (a constant reward would not: Eq. 5's
+    # leave-one-out baseline cancels it), and with process_coef=1, outcome_coef=0 and no
+    # whitening the advantages are exactly that term. Row 0 (even), K = 4, gamma = 1: its token
+    # t gets sum_{s>=t} (1 - mean_{j!=0} m_j), where the token means m_j of rows 1, 2, 3 are
+    # 0, 1, 0, so (1 - 1/3) * (L_0 - t): the last token 2/3, the one before 4/3.
+    class EvenRowsRewarder:
+        needs_reference = False
+        calls = 0
+
+        def rewards(self, batch, *, outcome_rewards, group_ids, ref_logprobs):
+            EvenRowsRewarder.calls += 1
+            assert ref_logprobs is not None  # the old log-probs stand in without a reference
+            even = (torch.arange(len(outcome_rewards)) % 2 == 0).float()[:, None]  # [N, 1]
+            return batch.response_mask.float() * even, {"fake/called": 1.0}
+
+        def trainable(self):
+            return {}
+
+    trainer = build_rl_trainer(
+        rl_config("algorithm.reward_mode=outcome", "algorithm.process_coef=1",
+                  "algorithm.outcome_coef=0", "algorithm.whiten=false"),
+        verifier=ParityVerifier(), rewarder=EvenRowsRewarder())
+    exp, _ = trainer.collect({})
+    exp.old_logprobs = trainer.old_logprobs(exp.batch)
+    exp.ref_logprobs = trainer.ref_logprobs(exp.batch, exp.old_logprobs)
+    exp.token_rewards, _ = trainer.rewarder.rewards(exp.batch, outcome_rewards=exp.outcome_rewards,
+                                                    group_ids=exp.group_ids,
+                                                    ref_logprobs=exp.ref_logprobs)
+    advantages, _, _ = trainer.advantages(exp)
+    length = int(exp.response_mask[0].sum())
+    assert length >= 2
+    assert advantages[0, length - 1].item() == pytest.approx(2 / 3)
+    assert advantages[0, length - 2].item() == pytest.approx(4 / 3)
+    metrics = trainer.train_step()
+    assert EvenRowsRewarder.calls == 2 and metrics["fake/called"] == 1.0
+    assert metrics["adv/process_abs_mean"] > 0
 
 
 @pytest.mark.parametrize(
@@ -131,14 +143,14 @@ def test_per_round_scoring_matches_whole_batch_scoring(rl_config, tmp_path):
     ids=["rloo-outcome", "grpo-dpo-double", "reinforce-policy-ref", "ppo-critic-kl", "prime-value"],
 )
 def test_variants_run_one_step(rl_config, extra):
-    trainer = RLTrainer(rl_config("train.steps=1", "eval.k=1", *extra))
-    trainer.verifier = ParityVerifier()
+    trainer = build_rl_trainer(rl_config("train.steps=1", "eval.k=1", *extra),
+                               verifier=ParityVerifier())
     before = _params(trainer.policy)
     metrics = trainer.train_step()
     assert _changed(before, trainer.policy)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     if "algorithm.reward_mode=outcome" in extra:
-        assert trainer.prm is None and trainer.ref is None
+        assert trainer.rewarder is None and trainer.ref is None
         assert "prm/loss" not in metrics
     if "prm.forward=double" in extra:
         assert "timing/prm_rescore" in metrics
@@ -151,19 +163,20 @@ def test_variants_run_one_step(rl_config, extra):
 def test_resume_matches_uninterrupted_run(rl_config, tmp_path):
     # 4 steps straight vs 2 steps, a fresh process-like restart from the checkpoint, 2 more steps.
     common = ("train.steps=4", "eval.k=1", "train.save_every=2")
-    full = RLTrainer(rl_config(*common, f"train.run_dir={tmp_path / 'full'}"))
+    full = build_rl_trainer(rl_config(*common, f"train.run_dir={tmp_path / 'full'}"))
     full_history = full.train()
 
-    half = RLTrainer(rl_config("train.steps=2", "eval.k=1", "train.save_every=2",
+    half = build_rl_trainer(rl_config("train.steps=2", "eval.k=1", "train.save_every=2",
                                f"train.run_dir={tmp_path / 'split'}"))
     half.train()
-    resumed = RLTrainer(rl_config(*common, f"train.run_dir={tmp_path / 'split'}"), resume=True)
+    resumed = build_rl_trainer(rl_config(*common, f"train.run_dir={tmp_path / 'split'}"),
+                               resume=True)
     assert resumed.step == 2
     resumed_history = resumed.train()
 
     for a, b in zip(full.policy.parameters(), resumed.policy.parameters()):
         assert torch.equal(a, b)
-    for a, b in zip(full.prm.parameters(), resumed.prm.parameters()):
+    for a, b in zip(full.rewarder.model.parameters(), resumed.rewarder.model.parameters()):
         assert torch.equal(a, b)
 
     def stable(metrics):
@@ -174,35 +187,10 @@ def test_resume_matches_uninterrupted_run(rl_config, tmp_path):
     assert stable(full_history[-1]) == stable(resumed_history[-1])
 
 
-@pytest.mark.parametrize(
-    "extra", [("prm.score_per_round=false",), ("prm.score_per_round=true", *MULTI_ROUND)],
-    ids=["whole-batch", "per-round-multi-round"])
-def test_overlap_gives_the_same_numbers_as_sequential(rl_config, tmp_path, extra):
-    # prm.overlap moves the reference forward, the PRM's backward + step and (per-round scoring)
-    # the forwards of all but the last rollout round to a second thread; the arithmetic is
-    # unchanged, so parameters and metrics must match bit for bit.
-    runs = {}
-    for overlap in (False, True):
-        trainer = RLTrainer(rl_config("train.steps=2", "eval.k=1", f"prm.overlap={overlap}",
-                                      f"train.run_dir={tmp_path / str(overlap)}", *extra))
-        trainer.verifier = ParityVerifier()
-        metrics = [trainer.train_step(), trainer.train_step()]
-        runs[overlap] = (trainer, metrics)
-    (seq, seq_metrics), (ovl, ovl_metrics) = runs[False], runs[True]
-    for name in ("policy", "prm"):
-        for a, b in zip(getattr(seq, name).parameters(), getattr(ovl, name).parameters()):
-            assert torch.equal(a, b), name
-    for a, b in zip(seq_metrics, ovl_metrics):
-        for key in a:
-            if not key.startswith(("timing/", "throughput/")):
-                assert a[key] == b[key], key
-
-
 def test_policy_lr_warms_up_linearly_by_step(rl_config):
     # policy.warmup_steps=4 at lr 4e-4: step 1 trains at 4e-4 * 1/4, step 2 at 4e-4 * 2/4.
-    trainer = RLTrainer(rl_config("policy.warmup_steps=4", "policy.lr=4e-4",
-                                  "algorithm.reward_mode=outcome"))
-    trainer.verifier = ParityVerifier()
+    trainer = build_rl_trainer(rl_config("policy.warmup_steps=4", "policy.lr=4e-4",
+                                         "algorithm.reward_mode=outcome"), verifier=ParityVerifier())
     lrs = []
     for _ in range(2):
         lrs.append(trainer.train_step()["policy/lr"])

@@ -1,0 +1,158 @@
+"""PRIME's implicit process reward model as a token rewarder, updated online (arXiv 2502.01456).
+
+The PRM is a causal LM pi_phi initialised like the policy. Its token rewards are the scaled
+log-ratio against the reference, r_phi(y_t) = beta * (log pi_phi(y_t|y_<t) - log pi_ref(y_t|y_<t))
+(Eq. 3), and it learns from outcome labels alone with the cross-entropy loss of Eq. 4 on
+sigmoid(sum_t r_phi(y_t)) (or the DPO loss, Sec. 5.4). One call of `rewards` is one PRM phase of a
+PRIME step (Algorithm 1): under "single forward" the token rewards come from the very forward
+that computes the PRM loss (pre-update rewards); under "double forward" the updated PRM re-scores
+the batch afterwards. With a frozen PRM there is only the scoring forward.
+
+Notation: N rows (groups of K samples, contiguous), T response tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import torch
+
+from primekit import distributed as dist
+from primekit.algorithms import (
+    implicit_sequence_rewards,
+    implicit_token_rewards,
+    masked_mean,
+    prm_absolute_accuracy,
+    prm_ce_loss,
+    prm_dpo_loss,
+    prm_pairwise_counts,
+)
+from primekit.models.logprobs import batch_logprobs, sequence_logprobs
+from primekit.rollout.base import RolloutBatch
+from primekit.rollout.batching import MicroBatch, iter_micro_batches, row_chunks
+
+
+class ImplicitPRM:
+    """The implicit PRM of PRIME: token rewards from a log-ratio, trained on outcomes.
+
+    Args:
+        model: the PRM, a causal LM (fp32 master weights: it is trained).
+        optimizer: its optimiser, or None for a frozen PRM.
+        beta: the log-ratio scale (the paper's 0.05).
+        loss: "ce" (Eq. 4) or "dpo".
+        forward: "single" (rewards from the update's own forward) or "double" (re-scored after).
+        group_size: K; micro-batches keep whole groups (the DPO loss pairs within a group).
+        mini_batch_size: rows per PRM optimiser step; micro_batch_size: rows per forward.
+        grad_clip: max gradient norm per optimiser step.
+
+    The reference log-probs it is given must come from micro-batches of the same
+    (micro_batch_size, group_size), so that an untouched PRM scores exactly zero.
+    """
+
+    needs_reference = True
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
+                 beta: float, loss: Literal["ce", "dpo"], forward: Literal["single", "double"],
+                 group_size: int, mini_batch_size: int, micro_batch_size: int, grad_clip: float):
+        if optimizer is None and forward == "double":
+            raise ValueError("forward='double' re-scores after an update; a frozen PRM has none")
+        self.model, self.optimizer = model, optimizer
+        self.beta, self.loss, self.forward = beta, loss, forward
+        self.group_size, self.grad_clip = group_size, grad_clip
+        self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
+        if optimizer is None:
+            model.eval().requires_grad_(False)
+
+    def trainable(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        return {"prm": (self.model, self.optimizer)} if self.optimizer is not None else {}
+
+    def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
+                group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        """Update the PRM on this batch's outcomes (online) and return token rewards [N, T]."""
+        if ref_logprobs is None:
+            raise ValueError("the implicit PRM needs the reference log-probs")
+        mask = batch.response_mask.float()  # [N, T]
+        online = self.optimizer is not None
+        t0 = time.perf_counter()
+        token_rewards, metrics = self._score_and_update(batch, outcome_rewards, group_ids,
+                                                        ref_logprobs)
+        metrics["timing/prm_update" if online else "timing/prm_forward"] = time.perf_counter() - t0
+        seq = implicit_sequence_rewards(token_rewards, mask)  # [N], the pre-update rewards
+        metrics.update(_pairwise_accuracy(seq, outcome_rewards, group_ids, "prm/acc_pairwise"))
+        metrics["prm/acc_abs"] = prm_absolute_accuracy(seq, outcome_rewards)
+        if self.forward == "double":
+            t0 = time.perf_counter()
+            self.model.eval()
+            prm_lp = batch_logprobs(self.model, batch, self.micro_batch_size, self.group_size)
+            token_rewards = implicit_token_rewards(prm_lp, ref_logprobs, mask, self.beta)
+            metrics["timing/prm_rescore"] = time.perf_counter() - t0
+            seq = implicit_sequence_rewards(token_rewards, mask)  # [N], re-scored
+            metrics.update(_pairwise_accuracy(seq, outcome_rewards, group_ids,
+                                              "prm/acc_pairwise_after"))
+        metrics["reward/implicit_seq_mean"] = seq.mean()
+        metrics["reward/implicit_seq_std"] = seq.std() if len(seq) > 1 else 0.0
+        metrics["reward/implicit_token_abs_mean"] = masked_mean(token_rewards.abs(), mask)
+        return token_rewards, metrics
+
+    def _score_and_update(self, batch: RolloutBatch, outcome_rewards: torch.Tensor,
+                          group_ids: torch.Tensor, ref_logprobs: torch.Tensor,
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        """One pass over PRM mini-batches: each micro-batch's forward gives its token rewards and
+        (online) its share of the mini-batch loss, backpropagated at once to free its graph."""
+        online = self.optimizer is not None
+        token_rewards = torch.zeros(batch.response_ids.shape)  # [N, T]
+        losses, rows_seen, grad_norms = [], [], []
+        self.model.train(online)
+        for mini in row_chunks(len(batch.responses), self.mini_batch_size, self.group_size):
+            if online:
+                self.optimizer.zero_grad(set_to_none=True)
+            for mb in iter_micro_batches(batch, self.micro_batch_size, self.group_size, mini):
+                loss = self._micro_batch(mb, batch, token_rewards, outcome_rewards, group_ids,
+                                         ref_logprobs, online)
+                if loss is not None:
+                    (loss * len(mb.rows) / len(mini)).backward()
+                    losses.append(loss.detach() * len(mb.rows))
+                    rows_seen.append(len(mb.rows))
+            if online:
+                dist.average_gradients(self.model)
+                grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                                 self.grad_clip))
+                self.optimizer.step()
+        metrics: dict[str, torch.Tensor | float] = {}
+        if online:
+            metrics["prm/loss"] = torch.stack(losses).sum() / sum(rows_seen)
+            metrics["prm/grad_norm"] = torch.stack(grad_norms).mean()
+        return token_rewards, metrics
+
+    def _micro_batch(self, mb: MicroBatch, batch: RolloutBatch, token_rewards: torch.Tensor,
+                     outcome_rewards: torch.Tensor, group_ids: torch.Tensor,
+                     ref_logprobs: torch.Tensor, online: bool) -> torch.Tensor | None:
+        """PRM forward of one micro-batch: writes its token rewards; returns its loss (online)."""
+        device = next(self.model.parameters()).device
+        rows, t = mb.rows, mb.response_len
+        with torch.set_grad_enabled(online):
+            prm_lp, _ = sequence_logprobs(self.model, mb.input_ids.to(device),
+                                          mb.attention_mask.to(device), t)
+        prm_lp = prm_lp.float()  # [n, t]
+        ref_lp = ref_logprobs[rows, :t].to(device)  # [n, t]
+        m = batch.response_mask[rows, :t].float().to(device)  # [n, t]
+        token_rewards[rows, :t] = implicit_token_rewards(prm_lp.detach(), ref_lp, m,
+                                                         self.beta).cpu()
+        if not online:
+            return None
+        outcome = outcome_rewards[rows].to(device)  # [n]
+        if self.loss == "ce":
+            loss, _ = prm_ce_loss(prm_lp, ref_lp, m, outcome, self.beta)
+        else:
+            loss, _ = prm_dpo_loss(prm_lp, ref_lp, m, outcome, group_ids[rows].to(device),
+                                   self.beta)
+        return loss
+
+
+def _pairwise_accuracy(seq_rewards: torch.Tensor, outcome_rewards: torch.Tensor,
+                       group_ids: torch.Tensor, key: str) -> dict[str, torch.Tensor]:
+    # Left out (not NaN) when no group has outcomes that differ: there is nothing to order.
+    correct, pairs = prm_pairwise_counts(seq_rewards, outcome_rewards, group_ids)
+    return {key: correct / pairs} if pairs else {}
