@@ -7,7 +7,7 @@ asks for the rank (loggers, checkpoints); the `RANK` environment variable alone 
 because a rank count without a process group could not run the collectives that go with it.
 
 Sharding is contiguous: rank r gets one unbroken slice, so the K samples of a prompt (which sit
-next to each other, see DESIGN.md section 3) never straddle two ranks when sharded by group.
+next to each other, as the trainer lays them out) never straddle two ranks when sharded by group.
 """
 
 from __future__ import annotations

@@ -14,10 +14,13 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+import torch
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -346,3 +349,26 @@ def print_table(
     for row in rows:
         table.add_row(*(_fmt(row[c]) if c in row else "" for c in columns))
     (console if console is not None else _console()).print(table)
+
+
+@contextmanager
+def timed(timing: dict[str, float], key: str) -> Iterator[None]:
+    """Add the block's wall time to timing[key] (seconds)."""
+    t0 = time.perf_counter()
+    yield
+    timing[key] = timing.get(key, 0.0) + time.perf_counter() - t0
+
+
+class MetricSums:
+    """Row-weighted sums of metrics kept as float64 tensors: one host sync per metric per step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, metrics: dict, weight: float = 1.0) -> None:
+        for k, v in metrics.items():
+            v = torch.as_tensor(v).detach().double() * weight  # stays on its device: no sync
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+
+    def means(self, count: float) -> dict[str, torch.Tensor]:
+        return {k: v / count for k, v in self.sums.items()}

@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from math import ceil
 from pathlib import Path
 
@@ -46,7 +44,7 @@ from primekit.algorithms import (
 from primekit.config import Config
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
-from primekit.logging import MetricLogger, Progress, console
+from primekit.logging import MetricLogger, MetricSums, Progress, console, timed
 from primekit.models.logprobs import (
     batch_logprobs,
     batch_values,
@@ -59,29 +57,6 @@ from primekit.trainer import checkpoint as ckpt
 from primekit.trainer.eval import evaluate
 from primekit.trainer.experience import Experience, PromptSampler, TokenRewarder
 from primekit.verifiers import Verifier, verdict_stats
-
-
-@contextmanager
-def timed(timing: dict[str, float], key: str) -> Iterator[None]:
-    """Add the block's wall time to timing[key] (seconds)."""
-    t0 = time.perf_counter()
-    yield
-    timing[key] = timing.get(key, 0.0) + time.perf_counter() - t0
-
-
-class MetricSums:
-    """Row-weighted sums of metrics kept as float64 tensors: one host sync per metric per step."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-
-    def add(self, metrics: dict, weight: float = 1.0) -> None:
-        for k, v in metrics.items():
-            v = torch.as_tensor(v).detach().to("cpu", torch.float64) * weight
-            self.sums[k] = self.sums[k] + v if k in self.sums else v
-
-    def means(self, count: float) -> dict[str, torch.Tensor]:
-        return {k: v / count for k, v in self.sums.items()}
 
 
 class RLTrainer:
