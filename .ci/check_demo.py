@@ -1,0 +1,60 @@
+"""Check a `primekit demo` run against the band measured over seeds and CPUs (README).
+
+Usage: python .ci/check_demo.py RUN_DIR [RUN_DIR ...]
+
+Each check sits well below the measured band, so float rounding on another CPU does not fail it,
+and well above what a real regression gives:
+- a sign error in the policy update, or no update, leaves sampled accuracy (avg@4) flat or lower;
+- a PRM that is never updated keeps its loss at exactly ln 2 = 0.6931 (its rewards stay 0, so
+  sigmoid(0) = 0.5 whatever the outcome), and one updated the wrong way goes above ln 2 and orders
+  pairs worse than chance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+MIN_AVG_GAIN = 0.05  # avg@4 (sampled accuracy) gain, SFT -> PRIME
+MIN_GREEDY_GAIN = 0.0  # greedy pass@1 must not fall
+MAX_PRM_LOSS = 0.690  # mean PRM loss over the second half of the run, below ln 2 = 0.6931
+MIN_PRM_PAIRWISE = 0.52  # mean PRM pairwise accuracy over the second half (chance: 0.5)
+
+
+def check(run_dir: Path) -> list[str]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    sft, rl = summary["sft"], summary["prime"]
+    steps = [json.loads(line) for line in (run_dir / "prime" / "metrics.jsonl").open()]
+    steps = [m for m in steps if "prm/loss" in m]
+    late = steps[len(steps) // 2 :]
+    prm_loss = statistics.fmean(m["prm/loss"] for m in late)
+    pairwise = statistics.fmean(m["prm/acc_pairwise"] for m in late if "prm/acc_pairwise" in m)
+    avg_gain = rl["eval/avg@4"] - sft["eval/avg@4"]
+    greedy_gain = rl["eval/pass@1_greedy"] - sft["eval/pass@1_greedy"]
+    print(f"{run_dir}: greedy {sft['eval/pass@1_greedy']:.3f} -> {rl['eval/pass@1_greedy']:.3f} "
+          f"({100 * greedy_gain:+.1f}), avg@4 {sft['eval/avg@4']:.3f} -> {rl['eval/avg@4']:.3f} "
+          f"({100 * avg_gain:+.1f}), PRM loss {prm_loss:.4f} (ln 2 = {math.log(2):.4f}), "
+          f"PRM pairwise {pairwise:.3f} over steps {len(steps) - len(late) + 1}-{len(steps)}, "
+          f"wall {summary['wall_s']:.0f} s")
+    failures = []
+    if avg_gain < MIN_AVG_GAIN:
+        failures.append(f"avg@4 gain {100 * avg_gain:+.1f} < {100 * MIN_AVG_GAIN:+.0f} points")
+    if greedy_gain < MIN_GREEDY_GAIN:
+        failures.append(f"greedy gain {100 * greedy_gain:+.1f} < {100 * MIN_GREEDY_GAIN:+.0f}")
+    if prm_loss > MAX_PRM_LOSS:
+        failures.append(f"PRM loss {prm_loss:.4f} > {MAX_PRM_LOSS} (the PRM is not learning)")
+    if pairwise < MIN_PRM_PAIRWISE:
+        failures.append(f"PRM pairwise accuracy {pairwise:.3f} < {MIN_PRM_PAIRWISE}")
+    if summary["wall_s"] > 600:
+        print(f"warning: the demo took {summary['wall_s']:.0f} s, over its 10-minute target")
+    return [f"{run_dir}: {f}" for f in failures]
+
+
+if __name__ == "__main__":
+    failures = [f for arg in sys.argv[1:] for f in check(Path(arg))]
+    for f in failures:
+        print("FAIL", f)
+    sys.exit(1 if failures else 0)
