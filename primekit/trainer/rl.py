@@ -103,7 +103,8 @@ class RLTrainer:
         """Run steps until `train.steps`, then evaluate and save; returns the metric history."""
         cfg = self.cfg.train
         logger = MetricLogger(Path(cfg.run_dir), report_to=cfg.report_to,
-                              resume_step=self.step if self.resumed_from else None)
+                              resume_step=self.step if self.resumed_from else None,
+                              run_config=self.cfg.to_dict())
         try:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
@@ -133,7 +134,8 @@ class RLTrainer:
         t_step = time.perf_counter()
         exp, metrics = self.collect(timing)
         if exp is None:  # the filter kept nothing: no update this step
-            return {**metrics, "timing/step": time.perf_counter() - t_step}
+            metrics["timing/step"] = time.perf_counter() - t_step
+            return {k: float(v) for k, v in metrics.items()}
         with timed(timing, "old_logprobs"):
             exp.old_logprobs = self.old_logprobs(exp.batch)
         with timed(timing, "ref_logprobs"):

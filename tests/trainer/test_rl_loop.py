@@ -197,3 +197,21 @@ def test_policy_lr_warms_up_linearly_by_step(rl_config):
         trainer.step += 1
     assert lrs == [pytest.approx(1e-4), pytest.approx(2e-4)]
     assert trainer.policy_opt.param_groups[0]["lr"] == pytest.approx(2e-4)
+
+
+def test_a_step_whose_filter_keeps_nothing_is_skipped(rl_config):
+    # Every response wrong: every group's mean outcome is 0 < filter.lo = 0.2, so after
+    # filter.max_rounds = 2 rounds nothing is kept; the step reports it and changes nothing.
+    class AlwaysWrong(ParityVerifier):
+        def verify(self, response, problem):
+            return Verdict.incorrect()
+
+    trainer = build_rl_trainer(rl_config("filter.enabled=true", "filter.max_rounds=2"),
+                               verifier=AlwaysWrong())
+    before = _params(trainer.policy)
+    with pytest.warns(UserWarning, match="kept 0 of 4 prompt groups after 2 rounds"):
+        metrics = trainer.train_step()
+    assert metrics["train/skipped"] == 1.0 and metrics["filter/groups_kept"] == 0.0
+    assert metrics["filter/rounds"] == 2.0 and metrics["reward/outcome_mean_sampled"] == 0.0
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert not _changed(before, trainer.policy)
