@@ -172,6 +172,7 @@ def prm_dpo_loss(
         "prm/loss": loss.detach(),
         "prm/dpo_pairs": n_pairs.to(per_pair.dtype),
         "prm/acc_abs": prm_absolute_accuracy(seq.detach(), y),
+        "prm/reward_mean": seq.detach().mean(),
     }
     return loss, metrics
 

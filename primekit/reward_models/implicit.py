@@ -103,18 +103,19 @@ class ImplicitPRM:
         (online) its share of the mini-batch loss, backpropagated at once to free its graph."""
         online = self.optimizer is not None
         token_rewards = torch.zeros(batch.response_ids.shape)  # [N, T]
-        losses, rows_seen, grad_norms = [], [], []
+        losses, rows_seen, grad_norms, loss_metrics = [], [], [], []
         self.model.train(online)
         for mini in row_chunks(len(batch.responses), self.mini_batch_size, self.group_size):
             if online:
                 self.optimizer.zero_grad(set_to_none=True)
             for mb in iter_micro_batches(batch, self.micro_batch_size, self.group_size, mini):
-                loss = self._micro_batch(mb, batch, token_rewards, outcome_rewards, group_ids,
-                                         ref_logprobs, online)
+                loss, lm = self._micro_batch(mb, batch, token_rewards, outcome_rewards, group_ids,
+                                             ref_logprobs, online)
                 if loss is not None:
                     (loss * len(mb.rows) / len(mini)).backward()
                     losses.append(loss.detach() * len(mb.rows))
                     rows_seen.append(len(mb.rows))
+                    loss_metrics.append(lm)
             if online:
                 dist.average_gradients(self.model)
                 grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -124,12 +125,19 @@ class ImplicitPRM:
         if online:
             metrics["prm/loss"] = torch.stack(losses).sum() / sum(rows_seen)
             metrics["prm/grad_norm"] = torch.stack(grad_norms).mean()
+            # The loss's own mean summed reward (row-weighted) and, for DPO, its pair count.
+            metrics["prm/reward_mean"] = sum(
+                m["prm/reward_mean"] * n for m, n in zip(loss_metrics, rows_seen)) / sum(rows_seen)
+            if self.loss == "dpo":
+                metrics["prm/dpo_pairs"] = sum(m["prm/dpo_pairs"] for m in loss_metrics)
         return token_rewards, metrics
 
     def _micro_batch(self, mb: MicroBatch, batch: RolloutBatch, token_rewards: torch.Tensor,
                      outcome_rewards: torch.Tensor, group_ids: torch.Tensor,
-                     ref_logprobs: torch.Tensor, online: bool) -> torch.Tensor | None:
-        """PRM forward of one micro-batch: writes its token rewards; returns its loss (online)."""
+                     ref_logprobs: torch.Tensor, online: bool,
+                     ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """PRM forward of one micro-batch: writes its token rewards; returns its loss and the
+        loss's metrics (online), or (None, {})."""
         device = next(self.model.parameters()).device
         rows, t = mb.rows, mb.response_len
         with torch.set_grad_enabled(online):
@@ -141,14 +149,11 @@ class ImplicitPRM:
         token_rewards[rows, :t] = implicit_token_rewards(prm_lp.detach(), ref_lp, m,
                                                          self.beta).cpu()
         if not online:
-            return None
+            return None, {}
         outcome = outcome_rewards[rows].to(device)  # [n]
         if self.loss == "ce":
-            loss, _ = prm_ce_loss(prm_lp, ref_lp, m, outcome, self.beta)
-        else:
-            loss, _ = prm_dpo_loss(prm_lp, ref_lp, m, outcome, group_ids[rows].to(device),
-                                   self.beta)
-        return loss
+            return prm_ce_loss(prm_lp, ref_lp, m, outcome, self.beta)
+        return prm_dpo_loss(prm_lp, ref_lp, m, outcome, group_ids[rows].to(device), self.beta)
 
 
 def _pairwise_accuracy(seq_rewards: torch.Tensor, outcome_rewards: torch.Tensor,
