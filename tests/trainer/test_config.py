@@ -152,3 +152,19 @@ def test_cli_reports_a_malformed_dataset_row(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "problems.jsonl line 2" in err and "'answer'" in err
+
+
+def test_config_choices_match_the_functions_they_select():
+    # A choice is listed once, as a Literal in config.py; the dicts that map a name to its
+    # function must offer exactly those names, so neither side can drift.
+    import typing
+
+    from primekit.algorithms import ESTIMATORS
+    from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS
+    from primekit.config import AlgorithmConfig, ExplicitRewardConfig
+
+    def choices(cls, name):
+        return set(typing.get_args(typing.get_type_hints(cls)[name]))
+
+    assert choices(AlgorithmConfig, "estimator") == set(ESTIMATORS)
+    assert choices(ExplicitRewardConfig, "transform") == set(PROCESS_REWARD_TRANSFORMS)
