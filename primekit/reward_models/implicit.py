@@ -28,6 +28,7 @@ from primekit.algorithms import (
     prm_dpo_loss,
     prm_pairwise_counts,
 )
+from primekit.logging import MetricSums
 from primekit.models.logprobs import batch_logprobs, sequence_logprobs
 from primekit.rollout.base import RolloutBatch
 from primekit.rollout.batching import MicroBatch, iter_micro_batches, row_chunks
@@ -103,7 +104,8 @@ class ImplicitPRM:
         (online) its share of the mini-batch loss, backpropagated at once to free its graph."""
         online = self.optimizer is not None
         token_rewards = torch.zeros(batch.response_ids.shape)  # [N, T]
-        losses, rows_seen, grad_norms, loss_metrics = [], [], [], []
+        sums, rows_seen, grad_norms = MetricSums(), 0, []  # loss metrics, row-weighted
+        dpo_pairs = 0.0
         self.model.train(online)
         for mini in row_chunks(len(batch.responses), self.mini_batch_size, self.group_size):
             if online:
@@ -113,9 +115,10 @@ class ImplicitPRM:
                                              ref_logprobs, online)
                 if loss is not None:
                     (loss * len(mb.rows) / len(mini)).backward()
-                    losses.append(loss.detach() * len(mb.rows))
-                    rows_seen.append(len(mb.rows))
-                    loss_metrics.append(lm)
+                    sums.add({"prm/loss": lm["prm/loss"], "prm/reward_mean": lm["prm/reward_mean"]},
+                             weight=len(mb.rows))
+                    rows_seen += len(mb.rows)
+                    dpo_pairs = dpo_pairs + lm.get("prm/dpo_pairs", 0.0)  # a count: summed
             if online:
                 dist.average_gradients(self.model)
                 grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -123,13 +126,11 @@ class ImplicitPRM:
                 self.optimizer.step()
         metrics: dict[str, torch.Tensor | float] = {}
         if online:
-            metrics["prm/loss"] = torch.stack(losses).sum() / sum(rows_seen)
+            # The loss and the loss's own mean summed reward; for DPO, its pair count.
+            metrics.update(sums.means(rows_seen))
             metrics["prm/grad_norm"] = torch.stack(grad_norms).mean()
-            # The loss's own mean summed reward (row-weighted) and, for DPO, its pair count.
-            metrics["prm/reward_mean"] = sum(
-                m["prm/reward_mean"] * n for m, n in zip(loss_metrics, rows_seen)) / sum(rows_seen)
             if self.loss == "dpo":
-                metrics["prm/dpo_pairs"] = sum(m["prm/dpo_pairs"] for m in loss_metrics)
+                metrics["prm/dpo_pairs"] = dpo_pairs
         return token_rewards, metrics
 
     def _micro_batch(self, mb: MicroBatch, batch: RolloutBatch, token_rewards: torch.Tensor,
