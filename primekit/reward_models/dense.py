@@ -145,7 +145,7 @@ class ExplicitRewarder:
 
     # The trainer's TokenRewarder seam (primekit.trainer.experience): a frozen model, so no
     # reference log-probs, nothing trained, nothing to checkpoint.
-    needs_reference = False
+    reference_chunks = None
 
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,

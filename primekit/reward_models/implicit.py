@@ -47,11 +47,9 @@ class ImplicitPRM:
         mini_batch_size: rows per PRM optimiser step; micro_batch_size: rows per forward.
         grad_clip: max gradient norm per optimiser step.
 
-    The reference log-probs it is given must come from micro-batches of the same
+    The reference log-probs it is given must come from micro-batches of `reference_chunks`
     (micro_batch_size, group_size), so that an untouched PRM scores exactly zero.
     """
-
-    needs_reference = True
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  beta: float, loss: Literal["ce", "dpo"], forward: Literal["single", "double"],
@@ -62,6 +60,7 @@ class ImplicitPRM:
         self.beta, self.loss, self.forward = beta, loss, forward
         self.group_size, self.grad_clip = group_size, grad_clip
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
+        self.reference_chunks = (micro_batch_size, group_size)
         if optimizer is None:
             model.eval().requires_grad_(False)
 

@@ -46,8 +46,10 @@ class TokenRewarder(Protocol):
     `primekit.reward_models` implements it; the trainer is given one and never imports them.
     """
 
-    # Whether `rewards` needs the reference model's log-probs (the implicit PRM's log-ratio).
-    needs_reference: bool
+    # None: `rewards` needs no reference log-probs. Otherwise (micro_batch_size, multiple): the
+    # micro-batches the reference log-probs must be computed in, the rewarder's own, so that the
+    # implicit PRM's log-ratio against an identical reference is exactly zero.
+    reference_chunks: tuple[int, int] | None
 
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,

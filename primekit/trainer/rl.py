@@ -267,10 +267,9 @@ class RLTrainer:
         """Reference log-probs [N, T]; without a reference model, the old log-probs stand in."""
         if self.ref is None:
             return old_logprobs
-        if self.rewarder is not None and self.rewarder.needs_reference:
-            # The PRM's own micro-batches, so that an untouched PRM scores exactly zero.
-            return batch_logprobs(self.ref, batch, self.cfg.prm.micro_batch_size,
-                                  self.cfg.rollout.n_samples)
+        if self.rewarder is not None and self.rewarder.reference_chunks is not None:
+            # The rewarder's own micro-batches, so that an untouched PRM scores exactly zero.
+            return batch_logprobs(self.ref, batch, *self.rewarder.reference_chunks)
         return batch_logprobs(self.ref, batch, self.cfg.policy.micro_batch_size)
 
     # ------------------------------------------------------------------ advantages

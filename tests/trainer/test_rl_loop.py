@@ -99,7 +99,7 @@ def test_rewarder_and_verifier_are_injected(rl_config):
     # t gets sum_{s>=t} (1 - mean_{j!=0} m_j), where the token means m_j of rows 1, 2, 3 are
     # 0, 1, 0, so (1 - 1/3) * (L_0 - t): the last token 2/3, the one before 4/3.
     class EvenRowsRewarder:
-        needs_reference = False
+        reference_chunks = None
         calls = 0
 
         def rewards(self, batch, *, outcome_rewards, group_ids, ref_logprobs):
