@@ -52,6 +52,9 @@ class ModelConfig:
     ref: str | None = None
     # PPO critic initialisation; None = the policy's checkpoint (a fresh scalar head on top).
     critic: str | None = None
+    # The COMPUTE dtype. Trained models (policy, PRM, critic) keep float32 master weights, float32
+    # gradients and float32 AdamW state whatever this says; frozen ones (the reference, a frozen
+    # PRM) are stored in it. Log-probs are always computed in float32 (models/parallel.py).
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     use_chat_template: bool = False
     system_prompt: str | None = None
@@ -115,7 +118,8 @@ class PRMConfig:
     beta: PositiveFloat = 0.05
     lr: PositiveFloat = 1e-6
     weight_decay: NonNegativeFloat = 0.0
-    mini_batch_size: Positive = 64  # sequences per PRM optimiser step (whole groups)
+    # Sequences per PRM optimiser step (whole groups), over all ranks; micro_batch_size is per rank.
+    mini_batch_size: Positive = 64
     micro_batch_size: Positive = 64
     grad_clip: PositiveFloat = 10.0
 
@@ -185,7 +189,8 @@ class PolicyConfig:
     lr: PositiveFloat = 5e-7
     weight_decay: NonNegativeFloat = 0.0
     ppo_epochs: Positive = 1
-    mini_batch_size: Positive = 256  # sequences per policy optimiser step
+    # Sequences per policy optimiser step, over all ranks; micro_batch_size is per rank.
+    mini_batch_size: Positive = 256
     micro_batch_size: Positive = 64  # sequences per forward/backward
     clip_low: NonNegativeFloat = 0.2
     clip_high: NonNegativeFloat = 0.2
@@ -235,11 +240,26 @@ class TrainConfig:
     eval_every: NonNegative = 0  # 0 = only at the end
     save_every: NonNegative = 50  # 0 = only at the end
     keep_checkpoints: NonNegative = 2
+    # After the last step, write the final policy (and PRM, critic) as plain HF directories under
+    # run_dir/final/ (`primekit export` does the same for any checkpoint).
+    export_final: bool = True
     # Metric sinks besides run_dir/metrics.jsonl, which is always written; [] for none.
     # "wandb" needs `pip install 'primekit[wandb]'` and follows WANDB_MODE (offline without a key).
     report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: NonNegative = 0  # torch CPU threads; 0 = torch's default
+
+
+@_validated
+@dataclass
+class ParallelConfig:
+    """Memory switches for the sharded (torchrun) loop; see docs/scale_out.md."""
+
+    # Recompute each decoder layer's activations in the backward instead of keeping them.
+    activation_checkpointing: bool = False
+    # FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimiser state of the trained
+    # models live in host memory (needs torchrun and CUDA compute).
+    cpu_offload: bool = False
 
 
 @_validated
@@ -348,6 +368,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     orm: ORMTrainConfig = field(default_factory=ORMTrainConfig)

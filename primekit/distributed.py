@@ -205,16 +205,37 @@ def reduce_metrics(
     return {k: float(v) for k, v in zip(keys, reduced.tolist())}
 
 
-def average_gradients(model: torch.nn.Module) -> None:
-    """Average `model`'s gradients across ranks (a plain all-reduce per parameter; no-op on one).
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of `model` as full (unsharded) tensors, on every rank.
 
-    Replicated data parallelism: every rank holds the whole model. Sharding arrives with FSDP.
+    For an FSDP2-sharded model this all-gathers each tensor (a collective: every rank calls
+    it); for a plain model it is `state_dict()`. Keys are the unwrapped model's.
     """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     if world_size() == 1:
-        return
-    for p in model.parameters():
-        if p.grad is not None:
-            torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.AVG)
+        return t
+    out = t.detach().to(_device(), copy=True)
+    torch.distributed.all_reduce(out, op=op)
+    return out.to(t.device)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum of `t` over ranks (a new, detached tensor); `t` itself at world size 1."""
+    return _all_reduce(t, torch.distributed.ReduceOp.SUM)
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise max of `t` over ranks (a new, detached tensor); `t` at world size 1."""
+    return _all_reduce(t, torch.distributed.ReduceOp.MAX)
 
 
 def broadcast_object(obj: T, src: int = 0) -> T:

@@ -13,10 +13,12 @@ from primekit import distributed as dist
 from primekit.config import Config, ConfigError
 from primekit.data.splits import load_splits, verifier_task
 from primekit.models.hf import check_model_path, load_model, load_tokenizer
+from primekit.models.logprobs import critic_values, score_tokens
+from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 from primekit.trainer.experience import TokenRewarder
-from primekit.trainer.rl import RLTrainer
+from primekit.trainer.rl import RLTrainer, per_rank
 from primekit.verifiers import Verifier, build_verifier
 
 
@@ -33,22 +35,27 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
     m, a = cfg.model, cfg.algorithm
     check_model_path(m.policy, "model.policy")
     tokenizer = load_tokenizer(m.policy)
-    policy = load_model(m.policy, dtype=model_dtype(m.dtype), device=str(device),
-                        trust_remote_code=m.trust_remote_code)
+    policy = load_placed(cfg, m.policy, device, trainable=True)
     ref = None
     # The implicit PRM's log-ratio and a KL term need a reference; with prm.reference=rollout
     # the old-policy log-probs play its part and no model is loaded.
     if (a.reward_mode == "prime" and cfg.prm.reference == "sft") or a.kl_coef > 0:
         check_model_path(m.ref or m.policy, "model.ref")
-        ref = load_model(m.ref or m.policy, dtype=model_dtype(m.dtype), device=str(device),
-                         trust_remote_code=m.trust_remote_code).eval().requires_grad_(False)
+        ref = load_placed(cfg, m.ref or m.policy, device, trainable=False)
     if rewarder is None and a.reward_mode != "outcome":
         rewarder = build_rewarder(cfg, tokenizer, device)
     critic = build_critic(cfg, device) if a.estimator == "ppo" else None
     if engine is None:
         from primekit.rollout.hf import HFRolloutEngine
 
-        engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+        # A sharded or fp32-master policy cannot sample as it is: the engine keeps its own full
+        # copy in the compute dtype, refreshed by sync_weights after every update.
+        own_copy = is_sharded(policy) or model_dtype(m.dtype) != torch.float32
+        sampler = (load_model(m.policy, dtype=model_dtype(m.dtype), device=str(device),
+                              trust_remote_code=m.trust_remote_code).eval().requires_grad_(False)
+                   if own_copy else policy)
+        engine = HFRolloutEngine(sampler, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,
+                                 own_copy=own_copy)
     if verifier is None:
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)
     train_problems, eval_problems = load_splits(cfg)
@@ -70,14 +77,14 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
 
     m, p = cfg.model, cfg.prm
     check_model_path(m.prm or m.policy, "model.prm")
-    # The PRM trains in fp32 (master weights), as the reference code does.
-    model = load_model(m.prm or m.policy, dtype=torch.float32, device=str(device),
-                       trust_remote_code=m.trust_remote_code)
+    # An online PRM trains with fp32 master weights, as the reference code does.
+    model = load_placed(cfg, m.prm or m.policy, device, trainable=p.update == "online")
     optimizer = None
     if p.update == "online":
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     return ImplicitPRM(model, optimizer, beta=p.beta, loss=p.loss, forward=p.forward,
-                       group_size=cfg.rollout.n_samples, mini_batch_size=p.mini_batch_size,
+                       group_size=cfg.rollout.n_samples,
+                       mini_batch_size=per_rank(p.mini_batch_size, "prm.mini_batch_size"),
                        micro_batch_size=p.micro_batch_size, grad_clip=p.grad_clip)
 
 
@@ -87,6 +94,28 @@ def build_critic(cfg: Config, device: torch.device) -> torch.nn.Module:
 
     path = cfg.model.critic or cfg.model.policy
     check_model_path(path, "model.critic")
-    return AutoModelForTokenClassification.from_pretrained(
+    critic = AutoModelForTokenClassification.from_pretrained(
         path, num_labels=1, torch_dtype=torch.float32,
         trust_remote_code=cfg.model.trust_remote_code).to(device)
+    return prepare_model(critic, placement(cfg, trainable=True), critic_values)
+
+
+def placement(cfg: Config, *, trainable: bool) -> Placement:
+    """Where and how a model of the loop lives: sharded under torchrun, fp32 master weights for
+    trained models, `model.dtype` compute (see primekit/models/parallel.py)."""
+    par = cfg.parallel
+    return Placement(compute_dtype=model_dtype(cfg.model.dtype), trainable=trainable,
+                     shard=dist.world_size() > 1,
+                     activation_checkpointing=par.activation_checkpointing and trainable,
+                     cpu_offload=par.cpu_offload and trainable)
+
+
+def load_placed(cfg: Config, path: str, device: torch.device, *, trainable: bool,
+                ) -> torch.nn.Module:
+    """A causal LM from `path`, placed for the loop (`placement`); frozen ones in eval mode."""
+    place = placement(cfg, trainable=trainable)
+    model = load_model(path, dtype=place.storage_dtype, device=str(device),
+                       trust_remote_code=cfg.model.trust_remote_code)
+    if not trainable:
+        model.eval()
+    return prepare_model(model, place, score_tokens)

@@ -53,6 +53,7 @@ from primekit.algorithms.implicit_prm import (
 from primekit.algorithms.masked import (
     LOSS_AGG_MODES,
     aggregate_loss,
+    loss_agg_count,
     masked_mean,
     masked_sum,
     masked_var,
@@ -92,6 +93,7 @@ __all__ = [
     "PROCESS_REWARD_TRANSFORMS",
     "AdvantageParts",
     "aggregate_loss",
+    "loss_agg_count",
     "broadcast_outcome_advantages",
     "clip_delta_step_rewards",
     "clip_step_rewards",

@@ -323,16 +323,22 @@ def prime_reinforce_process_returns(
 
 
 def normalize_by_max_abs_return(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, eps: float = 1e-6
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, eps: float = 1e-6,
+    all_reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Reference-code option ("prime_norm: batch_norm"): scale process rewards batch-wide.
 
     Formula: r'_t = r_t / (max_{i,t valid} |sum_{s>=t} r^i_s| + eps).
+    The max is over the whole batch: under data parallelism pass `all_reduce_max` (a max over
+    ranks). (The reference code takes it per reward-model worker chunk, an artefact of its
+    sharding.)
     Args: token_rewards [N, T], response_mask [N, T]. Returns: [N, T].
     """
     mask = _mask(response_mask, token_rewards)
     rtg = discounted_returns(token_rewards, mask, 1.0)
     scale = rtg.abs().max() if rtg.numel() else torch.zeros((), dtype=rtg.dtype)
+    if all_reduce_max is not None:
+        scale = all_reduce_max(scale)
     return _zero_off(token_rewards / (scale + eps), mask)
 
 
@@ -677,6 +683,7 @@ def compute_advantages(
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     whiten: bool = False,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """Token advantages of one batch: weight and add an estimator's parts, KL penalty, whitening.
 
@@ -695,6 +702,8 @@ def compute_advantages(
         kl: [N, T] per-token KL estimate (see `policy_loss.kl_penalty`), or None.
         kl_coef: weight of the KL penalty.
         whiten: standardise the final advantages.
+        all_reduce: a sum over data-parallel ranks, so that whitening uses the whole batch's
+            mean and variance (`masked_whiten`); None in a single process.
     Returns:
         (advantages [N, T], returns [N, T] or None, metrics) with detached 0-dim tensor metrics:
         adv/mean, adv/std (after whitening), adv/process_abs_mean = masked mean |process_coef *
@@ -718,7 +727,7 @@ def compute_advantages(
             "adv/outcome_abs_mean": masked_mean(rest.abs(), mask),
         }
     if whiten:
-        adv = masked_whiten(adv, mask)
+        adv = masked_whiten(adv, mask, all_reduce=all_reduce)
     with torch.no_grad():
         metrics["adv/mean"] = masked_mean(adv, mask)
         metrics["adv/std"] = _masked_std(adv, mask)

@@ -14,6 +14,7 @@ import torch
 __all__ = [
     "LOSS_AGG_MODES",
     "aggregate_loss",
+    "loss_agg_count",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -90,7 +91,11 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Standardise the valid entries of `x` to zero mean and unit (unbiased) std.
 
@@ -99,20 +104,30 @@ def masked_whiten(
     With fewer than 2 valid entries the variance is taken as 0 (each valid entry then equals the
     mean and maps to 0), so the function never raises.
 
+    Under data parallelism `x` is one rank's share of the batch; `all_reduce` (a sum over ranks,
+    e.g. `primekit.distributed.all_reduce_sum`) makes the count, mean and variance those of the
+    whole batch, so W ranks x 1/W of the batch whiten as one process with all of it.
+
     Args:
         x: any shape, e.g. advantages [N, T].
         mask: same shape as `x`.
         shift_mean: subtract the mean (True) or only rescale (False).
         eps: added to the variance.
+        all_reduce: sums a tensor over ranks; None: the statistics of `x` alone.
     Returns:
         Tensor shaped like `x`.
     """
     m = _bool_mask(mask, x)
     # No branch on the count (a host sync on a GPU): with no valid entry the mean and sum are 0
     # and the final torch.where returns zeros.
-    n = m.sum()
-    mean = masked_mean(x, m)
-    var = masked_sum((x - mean) ** 2, m) / (n - 1).clamp_min(1).to(x.dtype)
+    n, total = m.sum().to(x.dtype), masked_sum(x, m)
+    if all_reduce is not None:
+        n, total = all_reduce(torch.stack([n, total]))
+    mean = total / n.clamp_min(1e-8)
+    sq = masked_sum((x - mean) ** 2, m)
+    if all_reduce is not None:
+        sq = all_reduce(sq)
+    var = sq / (n - 1).clamp_min(1)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
@@ -147,6 +162,18 @@ LOSS_AGG_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
     "seq-mean-token-sum": _seq_mean_token_sum,
     "seq-mean-token-mean": _seq_mean_token_mean,
 }
+
+
+def loss_agg_count(mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """The denominator `aggregate_loss` divides by: valid tokens (token-mean), or sequences
+    with at least one valid token (seq-* modes). mask: [N, T]. Returns a 0-dim float tensor.
+
+    A loss over micro-batches (or ranks) equals the loss of the whole mini-batch when each
+    part's `aggregate_loss` is weighted by count(part) / count(mini-batch)."""
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {sorted(LOSS_AGG_MODES)}")
+    m = mask.bool()
+    return (m.sum() if mode == "token-mean" else _seq_rows(m).sum()).float()
 
 
 def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:

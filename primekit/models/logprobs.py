@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from primekit.models.parallel import SCORE_METHOD
 from primekit.rollout.base import RolloutBatch
 from primekit.rollout.batching import iter_micro_batches
 
@@ -111,6 +112,20 @@ def sequence_logprobs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
 
+    runner = getattr(model, SCORE_METHOD, None)  # set by models.parallel.prepare_model
+    if runner is not None:
+        return runner(input_ids, attention_mask, response_len, temperature, compute_entropy,
+                      chunk_size)
+    return score_tokens(model, input_ids, attention_mask, response_len, temperature,
+                        compute_entropy, chunk_size)
+
+
+def score_tokens(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 response_len: int, temperature: float, compute_entropy: bool, chunk_size: int,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The computation of `sequence_logprobs` (arguments checked there). It is the forward
+    method `models.parallel.prepare_model` attaches to a sharded or mixed-precision model."""
+    length = input_ids.shape[1]
     backbone, head, softcap = _backbone_and_head(model)
     device = next(model.parameters()).device
     ids, mask = input_ids.to(device), attention_mask.to(device).long()  # [N, L]
@@ -164,6 +179,16 @@ def sequence_values(critic: PreTrainedModel, input_ids: torch.Tensor,
     `critic` is a Hugging Face *ForTokenClassification model with one label; the value of token
     t is read at the column that predicts it (L - T - 1 + t), like `sequence_logprobs`.
     """
+    runner = getattr(critic, SCORE_METHOD, None)  # set by models.parallel.prepare_model
+    if runner is not None:
+        return runner(input_ids, attention_mask, response_len)
+    return critic_values(critic, input_ids, attention_mask, response_len)
+
+
+def critic_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  response_len: int) -> torch.Tensor:
+    """The computation of `sequence_values`; the critic's forward method under
+    `models.parallel.prepare_model`."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
     out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     values = out.logits[..., 0]  # [N, L]

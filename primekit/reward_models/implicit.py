@@ -18,7 +18,6 @@ from typing import Literal
 
 import torch
 
-from primekit import distributed as dist
 from primekit.algorithms import (
     implicit_sequence_rewards,
     implicit_token_rewards,
@@ -30,6 +29,7 @@ from primekit.algorithms import (
 )
 from primekit.logging import MetricSums
 from primekit.models.logprobs import batch_logprobs, sequence_logprobs
+from primekit.models.parallel import grad_norm_value
 from primekit.rollout.base import RolloutBatch
 from primekit.rollout.batching import MicroBatch, iter_micro_batches, row_chunks
 
@@ -119,9 +119,9 @@ class ImplicitPRM:
                     rows_seen += len(mb.rows)
                     dpo_pairs = dpo_pairs + lm.get("prm/dpo_pairs", 0.0)  # a count: summed
             if online:
-                dist.average_gradients(self.model)
-                grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                 self.grad_clip))
+                # Sharded (torchrun) models average their gradients over ranks in backward.
+                grad_norms.append(grad_norm_value(torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.grad_clip)))
                 self.optimizer.step()
         metrics: dict[str, torch.Tensor | float] = {}
         if online:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from primekit import distributed as dist
 from primekit.rollout.base import RolloutBatch, SamplingParams, concat_batches
 
 if TYPE_CHECKING:
@@ -60,11 +61,14 @@ class HFRolloutEngine:
     consumes the random stream in a different order.
 
     Args:
-        model: a Hugging Face causal LM (the policy itself: no copy is made).
+        model: a Hugging Face causal LM: the policy itself, or (own_copy) the engine's own
+            unsharded copy, kept in step by `sync_weights`.
         tokenizer: supplies pad/eos ids and decodes responses.
         micro_batch_size: rows decoded together; bounds KV-cache memory.
         eos_token_ids: stop tokens; default: the tokenizer's eos plus the model's
             generation_config eos ids.
+        own_copy: `model` is a separate copy that `sync_weights` overwrites (the policy is
+            sharded, or trained in float32 while sampling runs in a lower precision).
     """
 
     def __init__(
@@ -74,10 +78,12 @@ class HFRolloutEngine:
         *,
         micro_batch_size: int = 256,
         eos_token_ids: list[int] | None = None,
+        own_copy: bool = False,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
         self.model = model
+        self.own_copy = own_copy
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
         if eos_token_ids is None:
@@ -95,8 +101,26 @@ class HFRolloutEngine:
         self.pad_id = self.eos_token_ids[0] if pad is None else pad
 
     def sync_weights(self, model: PreTrainedModel) -> None:
-        """Sample from `model` from now on (the HF backend uses the live model: no copy)."""
-        self.model = model
+        """Sample from `model`'s current weights from now on.
+
+        Without `own_copy` the engine samples from the live model itself (no copy: the
+        single-process float32 case). With it, `model`'s full weights (all-gathered when it is
+        FSDP-sharded: every rank calls this) are copied into the engine's own unsharded model, in
+        that model's dtype.
+        """
+        if not self.own_copy:
+            self.model = model
+            return
+        if model is self.model:
+            return
+        weights = dist.full_state_dict(model)
+        with torch.no_grad():
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = {k for k in missing if k.endswith("lm_head.weight")}
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"weight sync: the engine's model does not match the policy: "
+                             f"missing {sorted(set(missing) - tied)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}")
 
     def generate(
         self,

@@ -1,25 +1,28 @@
-"""Checkpoints that survive a crash at any moment, and exact resume.
+"""Sharded checkpoints that survive a crash at any moment, exact resume, and HF export.
 
 Layout of one checkpoint, `run_dir/checkpoints/step_{step:06d}/`:
-    policy/, prm/, critic/   HF `save_pretrained` directories (whichever models are given);
-                             a module without `save_pretrained` gets `model.safetensors` only
-    optimizers.pt            {name: state_dict()} of optimizers and LR schedulers
+    weights/                 a torch.distributed.checkpoint (DCP) directory holding every
+                             model's parameters ({name}.*) and every optimiser's state
+                             (optim.{name}.*); each rank writes its own shards, nothing is
+                             gathered on one rank
+    hf/<name>/               config.json (+ generation config, tokenizer) of each HF model:
+                             what `export_checkpoint` needs to rebuild it without the source
     rng.pt                   per-rank RNG states: python `random`, numpy, torch CPU, torch CUDA
                              (when available) and named torch.Generator states
     trainer_state.json       {"step": step, **state}
 and `run_dir/checkpoints/latest` holds the name of the newest complete checkpoint.
 
-Atomicity: everything is written into a hidden temp dir next to the final one, every file and
-directory is fsync'd, the temp dir is renamed into place (atomic within one filesystem), then
-`latest` is replaced atomically (temp file + os.replace), and only then are old checkpoints
-pruned. A crash before the rename leaves a `.tmp-*` dir that readers ignore and the next save
-deletes; a crash after it leaves `latest` on the previous complete checkpoint.
+Resharding: DCP stores each tensor with its global shape and the slices each rank wrote, and
+loading reads whatever slices the loading ranks need, so a checkpoint saved by W ranks resumes on
+W' ranks (2 -> 1, 1 -> 2, ...); the models may be FSDP2-sharded or plain on either side.
 
-Collectives: every rank calls `save_checkpoint` (RNG states are gathered from all ranks so each
-resumes its own stream); only the main rank writes. Every rank calls `load_checkpoint` and reads
-the files, so `run_dir` must be on storage all ranks can see. Model weights are taken from the
-main rank's module as a full state dict (plain or DDP-wrapped modules); FSDP-sharded modules
-need their full state dict gathered by the caller first, which this module does not do.
+Atomicity: every rank writes into one hidden temp dir next to the final one (its name chosen by
+the main rank); after all shards are written and fsync'd, the main rank adds the small files,
+renames the temp dir into place (atomic within one filesystem), then replaces `latest`
+atomically (temp file + os.replace), and only then prunes old checkpoints. A crash of any rank
+before the rename leaves a `.tmp-*` dir that readers ignore and the next save deletes; a crash
+after it leaves `latest` on the previous complete checkpoint. `run_dir` must be on storage all
+ranks can see.
 
 Call `save_checkpoint` after step `s` has finished, with `state` holding what the trainer needs
 to continue at step `s + 1` (data position, config); the RNG streams then continue exactly.
@@ -28,12 +31,15 @@ Pickled files are loaded with `weights_only=True`; still, load only checkpoints 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import random
 import shutil
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,8 @@ from primekit import distributed as dist
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+WEIGHTS = "weights"  # the DCP directory inside a checkpoint
+HF = "hf"  # per-model HF config and tokenizer files
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp-"
 
@@ -99,66 +107,57 @@ def _set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator]
         g.set_state(saved[name])
 
 
-# --- model weights -------------------------------------------------------------------------------
+# --- model weights and optimiser state (DCP) ------------------------------------------------------
 
 
-def _unwrap(model: Any) -> torch.nn.Module:
-    if isinstance(model, tuple):
-        model = model[0]
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+def _weights_state(models: dict[str, torch.nn.Module],
+                   optimizers: dict[str, torch.optim.Optimizer]) -> dict[str, Any]:
+    """{name: model state dict, "optim.name": optimiser state dict}, keyed by parameter names
+    (sharded tensors stay sharded: DCP saves and loads each rank's slices)."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    state: dict[str, Any] = {name: get_model_state_dict(m) for name, m in models.items()}
+    for name, opt in optimizers.items():
+        state[f"optim.{name}"] = get_optimizer_state_dict(models[name], opt)
+    return state
 
 
-def _save_model(model: torch.nn.Module, tokenizer: Any, out: Path) -> None:
-    if hasattr(model, "save_pretrained"):
-        try:
-            from transformers.utils import logging as hf_logging
-        except ImportError:
-            hf_logging = None
-        quiet = hf_logging is not None and not hf_logging.is_progress_bar_enabled()
-        if hf_logging is not None:
-            hf_logging.disable_progress_bar()  # no tqdm bars over our own progress bar
-        try:
-            model.save_pretrained(out, safe_serialization=True)
-        finally:
-            if hf_logging is not None and not quiet:
-                hf_logging.enable_progress_bar()
-    else:
-        from safetensors.torch import save_model
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns that it assumes a single process whenever no process group is up: that is
+    the intent here, so the warning is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
-        out.mkdir(parents=True)
-        save_model(model, str(out / "model.safetensors"))
+
+def _check_names(models: dict, optimizers: dict) -> None:
+    for name in list(models) + list(optimizers):
+        if not name or "/" in name or "." in name or name.startswith("."):
+            raise ValueError(f"checkpoint entry names must be plain names without dots, got {name!r}")
+    orphans = sorted(set(optimizers) - set(models))
+    if orphans:
+        raise ValueError(f"optimizers {orphans} need the model they optimise under the same name")
+
+
+def _save_hf_files(model: torch.nn.Module, tokenizer: Any, out: Path) -> None:
+    """config.json (+ generation config) and the tokenizer of an HF model; no weights."""
+    if hasattr(model, "config") and hasattr(model.config, "save_pretrained"):
+        out.mkdir(parents=True, exist_ok=True)
+        config = copy.deepcopy(model.config)
+        # The model's own class (an FSDP2-sharded module's class is a generated subclass).
+        cls = next(c for c in type(model).__mro__ if not c.__name__.startswith("FSDP"))
+        config.architectures = [cls.__name__]
+        config.save_pretrained(out)
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(out)
     if tokenizer is not None:
+        out.mkdir(parents=True, exist_ok=True)
         tokenizer.save_pretrained(out)
-
-
-def _load_weights(model: torch.nn.Module, model_dir: Path) -> None:
-    """Copy the safetensors weights in `model_dir` into `model` in place.
-
-    HF (and safetensors' `save_model`) drop one of each pair of tied tensors, e.g. `lm_head.weight`
-    when it is `model.embed_tokens.weight`; a key missing from the files is accepted only when it
-    shares storage with a key that is present. Any other mismatch is an error, checked before a
-    single tensor is copied. Not handled: checkpoints whose keys HF renames on load (transformers
-    5 weight conversions) - those raise here.
-    """
-    from safetensors.torch import load_file
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    own = model.state_dict()
-    unexpected = sorted(set(weights) - set(own))
-    present_ptrs = {own[k].data_ptr() for k in weights if k in own}
-    missing = sorted(k for k in set(own) - set(weights) if own[k].data_ptr() not in present_ptrs)
-    if missing or unexpected:
-        raise ValueError(
-            f"weights in {model_dir} do not match the model: missing {missing[:8]}"
-            f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-            f"{'...' if len(unexpected) > 8 else ''}"
-        )
-    model.load_state_dict(weights, strict=False)
 
 
 # --- atomic file system helpers ------------------------------------------------------------------
@@ -211,7 +210,7 @@ def save_checkpoint(
     step: int,
     *,
     models: dict[str, tuple[Any, Any]] | None = None,
-    optimizers: dict[str, Any] | None = None,
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
     generators: dict[str, torch.Generator] | None = None,
     state: dict | None = None,
     keep_last: int | None = 2,
@@ -221,9 +220,9 @@ def save_checkpoint(
     Args:
         run_dir: the run's directory; checkpoints go to `run_dir/checkpoints/`.
         step: the step just finished (>= 0).
-        models: {name: (model, tokenizer or None)}, e.g. {"policy": (policy, tok)}; each is saved
-            to `<name>/` with `save_pretrained` (plain modules: `<name>/model.safetensors`).
-        optimizers: {name: object with state_dict()} (optimizers, LR schedulers, grad scalers).
+        models: {name: (model, tokenizer or None)}, plain or FSDP2-sharded modules; weights go
+            to the DCP directory, HF config and tokenizer files to `hf/<name>/`.
+        optimizers: {name: optimiser of models[name]}.
         generators: {name: torch.Generator} whose states are saved with the global RNGs.
         state: JSON-able trainer state (data position, config, ...); must not contain "step".
         keep_last: how many checkpoints with step <= `step` to keep (the new one included);
@@ -236,7 +235,7 @@ def save_checkpoint(
         raise ValueError(f"step must be >= 0, got {step}")
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
-    models = models or {}
+    models = {k: v if isinstance(v, tuple) else (v, None) for k, v in (models or {}).items()}
     optimizers = optimizers or {}
     generators = generators or {}
     state = dict(state or {})
@@ -244,9 +243,7 @@ def save_checkpoint(
         raise ValueError(
             f"state must not contain 'step' (it is stored from `step`): {state['step']!r}"
         )
-    for name in list(models) + list(optimizers):
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"checkpoint entry names must be plain file names, got {name!r}")
+    _check_names(models, optimizers)
     try:
         state_json = json.dumps({"step": step, **state}, indent=2, sort_keys=True)
     except TypeError as e:
@@ -255,11 +252,28 @@ def save_checkpoint(
     # Collected before any writing, so the saved streams are exactly where the training loop is.
     rng_states = dist.all_gather_object(_rng_state(generators))
     final = checkpoint_dir(run_dir, step)
+    root = final.parent
+    tmp = None
+    if dist.is_main():
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{_TMP_PREFIX}*"):  # left by a save that crashed
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex}"
+        tmp.mkdir()
+    tmp = dist.broadcast_object(tmp)
+    if models or optimizers:
+        # Every rank writes its own shards (a collective; DCP fsyncs its files).
+        import torch.distributed.checkpoint as dcp
+
+        weights = _weights_state({k: m for k, (m, _) in models.items()}, optimizers)
+        with _quiet_single_process():
+            dcp.save(weights, checkpoint_id=str(tmp / WEIGHTS), no_dist=dist.world_size() == 1)
     error = None
     if dist.is_main():
         try:
-            _write(final, models, optimizers, rng_states, state_json, keep_last)
+            _write(tmp, final, models, rng_states, state_json, keep_last)
         except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
             if dist.world_size() > 1:
                 dist.broadcast_object(f"{type(e).__name__}: {e}")
             raise
@@ -272,31 +286,21 @@ def save_checkpoint(
 
 
 def _write(
+    tmp: Path,
     final: Path,
     models: dict[str, tuple[Any, Any]],
-    optimizers: dict[str, Any],
     rng_states: list[dict[str, Any]],
     state_json: str,
     keep_last: int | None,
 ) -> None:
+    """The main rank's part: small files into `tmp`, fsync, rename to `final`, `latest`, prune."""
     root = final.parent
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f"{_TMP_PREFIX}*"):  # left by a save that crashed
-        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex}"
-    tmp.mkdir()
-    try:
-        for name, entry in models.items():
-            model, tokenizer = entry if isinstance(entry, tuple) else (entry, None)
-            _save_model(_unwrap(model), tokenizer, tmp / name)
-        torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optimizers.pt")
-        torch.save({"world_size": len(rng_states), "ranks": rng_states}, tmp / "rng.pt")
-        # Written last: a directory with trainer_state.json is a complete checkpoint.
-        (tmp / "trainer_state.json").write_text(state_json + "\n")
-        _fsync_tree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    for name, (model, tokenizer) in models.items():
+        _save_hf_files(model, tokenizer, tmp / HF / name)
+    torch.save({"world_size": len(rng_states), "ranks": rng_states}, tmp / "rng.pt")
+    # Written last: a directory with trainer_state.json is a complete checkpoint.
+    (tmp / "trainer_state.json").write_text(state_json + "\n")
+    _fsync_tree(tmp)
 
     if final.exists():  # re-saving a step, e.g. after resuming from an earlier checkpoint
         old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex}"
@@ -338,16 +342,18 @@ def load_checkpoint(
     path: Path,
     *,
     models: dict[str, Any] | None = None,
-    optimizers: dict[str, Any] | None = None,
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
     generators: dict[str, torch.Generator] | None = None,
 ) -> dict:
     """Restore a checkpoint in place and return its trainer state; all ranks call this.
 
+    The world size and the models' sharding may differ from the saving run's (DCP reshards).
+
     Args:
         path: a checkpoint directory (e.g. from `latest_checkpoint`).
         models: {name: module} (or {name: (module, tokenizer)}, as given to save); weights are
-            copied into the existing modules.
-        optimizers: {name: object with load_state_dict()}; every name must be in the checkpoint.
+            copied into the existing modules. Every parameter must be in the checkpoint.
+        optimizers: {name: optimiser of models[name]}; every name must be in the checkpoint.
         generators: {name: torch.Generator} to restore; the global python, numpy, torch and CUDA
             RNGs are always restored.
     Returns:
@@ -356,25 +362,45 @@ def load_checkpoint(
     path = Path(path)
     if not _complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
-    models = models or {}
+    models = {k: v[0] if isinstance(v, tuple) else v for k, v in (models or {}).items()}
     optimizers = optimizers or {}
     generators = generators or {}
+    _check_names(models, optimizers)
 
-    for name, model in models.items():
-        model_dir = path / name
-        if not model_dir.is_dir():
-            raise ValueError(f"model {name!r} is not in checkpoint {path}")
-        _load_weights(_unwrap(model), model_dir)
+    if models:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
-    if optimizers:
-        saved = torch.load(path / "optimizers.pt", map_location="cpu", weights_only=True)
-        missing = sorted(set(optimizers) - set(saved))
+        saved = dcp.FileSystemReader(str(path / WEIGHTS)).read_metadata().state_dict_metadata
+        wanted = list(models) + [f"optim.{k}" for k in optimizers]
+        missing = [k for k in wanted if not any(key.startswith(k + ".") for key in saved)]
         if missing:
-            raise ValueError(
-                f"optimizers {missing} are not in checkpoint {path} (has {sorted(saved)})"
-            )
+            raise ValueError(f"models/optimizers {missing} are not in checkpoint {path}")
+        weights = _weights_state(models, optimizers)
+        for name in models:  # checked before a single tensor is copied
+            own = {f"{name}.{k}": tuple(v.shape) for k, v in weights[name].items()}
+            theirs = {k: tuple(m.size) for k, m in saved.items()
+                      if k.startswith(name + ".") and hasattr(m, "size")}
+            if own != theirs:
+                diff = (sorted(set(own) ^ set(theirs))
+                        or sorted(k for k in own if own[k] != theirs[k]))
+                raise ValueError(f"weights of {name!r} in {path} do not match the model: "
+                                 f"{diff[:6]}{'...' if len(diff) > 6 else ''}")
+        try:
+            with _quiet_single_process():
+                dcp.load(weights, checkpoint_id=str(path / WEIGHTS),
+                         no_dist=dist.world_size() == 1)
+        except (Exception, CheckpointException) as e:  # DCP wraps the cause in a long message
+            raise ValueError(f"checkpoint {path} does not match the models/optimizers: "
+                             f"{str(e).strip().splitlines()[-1][:300]}") from e
+        for name, model in models.items():
+            set_model_state_dict(model, weights[name])
         for name, opt in optimizers.items():
-            opt.load_state_dict(saved[name])
+            set_optimizer_state_dict(models[name], opt, weights[f"optim.{name}"])
 
     rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
     r = dist.rank()
@@ -387,3 +413,56 @@ def load_checkpoint(
     _set_rng_state(rng["ranks"][r if r < rng["world_size"] else 0], generators)
 
     return json.loads((path / "trainer_state.json").read_text())
+
+
+def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None = None,
+                      dtype: torch.dtype = torch.float32) -> dict[str, Path]:
+    """Write each HF model of checkpoint `path` as a plain `save_pretrained` directory.
+
+    Rebuilds every model from `hf/<name>/config.json`, reads its (possibly sharded) weights from
+    the DCP directory in this one process, and saves weights, config and tokenizer to
+    `out_dir/<name>/`, which `AutoModelForCausalLM.from_pretrained` loads (the critic:
+    `AutoModelForTokenClassification`). Run it in a single process (no process group needed).
+
+    Args:
+        path: a complete checkpoint directory.
+        out_dir: where the `<name>/` directories go (created).
+        names: which models (default: every model with an HF config in the checkpoint).
+        dtype: dtype of the exported weights.
+    Returns:
+        {name: exported directory}.
+    """
+    import torch.distributed.checkpoint as dcp
+    import transformers
+
+    path, out_dir = Path(path), Path(out_dir)
+    if not _complete(path):
+        raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
+    available = sorted(p.parent.name for p in (path / HF).glob("*/config.json"))
+    names = tuple(available) if names is None else names
+    unknown = sorted(set(names) - set(available))
+    if unknown:
+        raise ValueError(f"{unknown} have no HF config in {path} (exportable: {available})")
+    exported = {}
+    for name in names:
+        src = path / HF / name
+        config = transformers.AutoConfig.from_pretrained(src)
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        cls = getattr(transformers, arch or "", None)
+        if cls is None:
+            raise ValueError(f"{src}/config.json names no transformers architecture ({arch!r})")
+        with torch.device("cpu"):
+            model = cls(config).to(dtype)
+        weights = {name: model.state_dict()}
+        with _quiet_single_process():
+            dcp.load(weights, checkpoint_id=str(path / WEIGHTS), no_dist=True)
+        model.load_state_dict(weights[name])
+        model.tie_weights()
+        dest = out_dir / name
+        model.save_pretrained(dest, safe_serialization=True)
+        if (src / "tokenizer_config.json").is_file():
+            transformers.AutoTokenizer.from_pretrained(src).save_pretrained(dest)
+        if (src / "generation_config.json").is_file():
+            transformers.GenerationConfig.from_pretrained(src).save_pretrained(dest)
+        exported[name] = dest
+    return exported

@@ -36,12 +36,13 @@ from primekit.algorithms import (
     filter_groups,
     kl_loss,
     kl_penalty,
+    loss_agg_count,
     normalize_by_max_abs_return,
     ppo_clip_loss,
     reward_hacking_metrics,
     value_loss,
 )
-from primekit.config import Config
+from primekit.config import Config, ConfigError
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
 from primekit.logging import MetricLogger, MetricSums, Progress, console, timed
@@ -51,12 +52,22 @@ from primekit.models.logprobs import (
     sequence_logprobs,
     sequence_values,
 )
+from primekit.models.parallel import grad_norm_value
 from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, concat_batches
 from primekit.rollout.batching import iter_micro_batches, row_chunks
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer.eval import evaluate
 from primekit.trainer.experience import Experience, PromptSampler, TokenRewarder
 from primekit.verifiers import Verifier, verdict_stats
+
+
+def per_rank(size: int, name: str) -> int:
+    """A global batch size's share on this rank; it must divide evenly, so that W ranks take
+    as many optimiser steps as one process with the whole batch would."""
+    if size % dist.world_size():
+        raise ConfigError(f"{name}: {size} sequences cannot be split evenly over "
+                          f"{dist.world_size()} ranks")
+    return size // dist.world_size()
 
 
 class RLTrainer:
@@ -93,6 +104,8 @@ class RLTrainer:
         self.sampler = PromptSampler(len(train_problems), cfg.data.seed, dist.rank(),
                                      dist.world_size())
         self.rollout_gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + dist.rank())
+        # policy.mini_batch_size counts sequences over all ranks; each rank takes its share.
+        self.mini_batch_rows = per_rank(cfg.policy.mini_batch_size, "policy.mini_batch_size")
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.resumed_from: Path | None = None
@@ -123,7 +136,11 @@ class RLTrainer:
             final = dist.reduce_metrics(self.evaluate())
             logger.log(final, step=self.step)
             self.history.append(final)
-            self.save()
+            path = self.save()
+            if cfg.export_final and dist.is_main():  # one process reads the shards back
+                out = ckpt.export_checkpoint(path, Path(cfg.run_dir) / "final")
+                console.print(f"final models: {', '.join(str(p) for p in out.values())}")
+            dist.barrier()
         finally:
             logger.close()
         return self.history
@@ -156,7 +173,8 @@ class RLTrainer:
                 metrics.update(self.update_critic(exp))
         with timed(timing, "policy_update"):
             metrics.update(self.update_policy(exp))
-        self.engine.sync_weights(self.policy)
+        with timed(timing, "weight_sync"):
+            self.engine.sync_weights(self.policy)
         metrics.update(self.batch_metrics(exp))
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
@@ -278,7 +296,8 @@ class RLTrainer:
         a = self.cfg.algorithm
         token_rewards = exp.token_rewards
         if token_rewards is not None and a.process_max_abs_norm:  # a reference-code option
-            token_rewards = normalize_by_max_abs_return(token_rewards, exp.response_mask)
+            token_rewards = normalize_by_max_abs_return(token_rewards, exp.response_mask,
+                                                        all_reduce_max=dist.all_reduce_max)
         options = {  # each estimator's own arguments, from the config
             "rloo": {"group_ids": exp.group_ids, "variant": a.rloo_variant,
                      "discount_outcome": a.discount_outcome},
@@ -299,7 +318,7 @@ class RLTrainer:
         return compute_advantages(parts, response_mask=exp.response_mask,
                                   process_coef=a.process_coef, outcome_coef=a.outcome_coef,
                                   kl=kl, kl_coef=a.kl_coef if kl is not None else 0.0,
-                                  whiten=a.whiten)
+                                  whiten=a.whiten, all_reduce=dist.all_reduce_sum)
 
     # ------------------------------------------------------------------ updates
     def update_policy(self, exp: Experience) -> dict[str, torch.Tensor]:
@@ -312,8 +331,11 @@ class RLTrainer:
         self.policy.train()
         sums, count = MetricSums(), 0
         for _ in range(cfg.ppo_epochs):
-            for mini in row_chunks(len(exp), cfg.mini_batch_size):
+            for mini in row_chunks(len(exp), self.mini_batch_rows):
                 self.policy_opt.zero_grad(set_to_none=True)
+                # The mini-batch's loss denominator over all ranks (tokens or sequences), so that
+                # micro-batches and ranks add up to the loss of the whole mini-batch.
+                total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], cfg.loss_agg))
                 for mb in iter_micro_batches(exp.batch, cfg.micro_batch_size, rows=mini):
                     rows, t = mb.rows, mb.response_len
                     lp, ent = sequence_logprobs(self.policy, mb.input_ids.to(self.device),
@@ -333,12 +355,13 @@ class RLTrainer:
                                             kind=a.kl_kind, agg=cfg.loss_agg)
                         loss = loss + a.kl_coef * kloss
                         lm.update(km)
-                    (loss * len(rows) / len(mini)).backward()
+                    # x world size: sharded gradients are averaged over ranks when reduced.
+                    share = loss_agg_count(m, cfg.loss_agg) * dist.world_size() / total
+                    (loss * share).backward()
                     sums.add({**lm, **em}, weight=len(rows))
                     count += len(rows)
-                dist.average_gradients(self.policy)
                 norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
-                sums.add({"policy/grad_norm": norm}, weight=len(mini))
+                sums.add({"policy/grad_norm": grad_norm_value(norm)}, weight=len(mini))
                 self.policy_opt.step()
         self.policy.eval()
         return {**sums.means(count), "policy/lr": lr}
@@ -348,8 +371,9 @@ class RLTrainer:
         c, p = self.cfg.critic, self.cfg.policy
         self.critic.train()
         sums = MetricSums()
-        for mini in row_chunks(len(exp), p.mini_batch_size):
+        for mini in row_chunks(len(exp), self.mini_batch_rows):
             self.critic_opt.zero_grad(set_to_none=True)
+            total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], "token-mean"))
             for mb in iter_micro_batches(exp.batch, p.micro_batch_size, rows=mini):
                 rows, t = mb.rows, mb.response_len
                 values = sequence_values(self.critic, mb.input_ids.to(self.device),
@@ -358,9 +382,8 @@ class RLTrainer:
                 loss, lm = value_loss(values, exp.values[rows, :t].to(values.device),
                                       exp.returns[rows, :t].to(values.device), m,
                                       clip=c.value_clip)
-                (loss * len(rows) / len(mini)).backward()
+                (loss * loss_agg_count(m, "token-mean") * dist.world_size() / total).backward()
                 sums.add(lm, weight=len(rows))
-            dist.average_gradients(self.critic)
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), c.grad_clip)
             self.critic_opt.step()
         self.critic.eval()

@@ -1,4 +1,4 @@
-"""Checkpoint round trip, crash safety, pruning and plain-transformers loading."""
+"""Checkpoint round trip (DCP), crash safety, pruning, and export to plain transformers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from primekit.trainer import checkpoint as ckpt
-from primekit.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from primekit.trainer.checkpoint import (
+    export_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def tiny_qwen(seed: int):
@@ -51,12 +56,11 @@ class Tied(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.ones(4))
 
 
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched) -> None:
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
     loss = sum((p.float() ** 2).sum() for p in model.parameters())
     opt.zero_grad()
     loss.backward()
     opt.step()
-    sched.step()
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -81,9 +85,8 @@ def simple_save(run_dir: Path, step: int, model: torch.nn.Module | None = None, 
 def test_round_trip_restores_weights_optimizer_and_rng_exactly(tmp_path):
     model = tiny_qwen(seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=10)
     gen = torch.Generator().manual_seed(123)
-    train_step(model, opt, sched)
+    train_step(model, opt)
     np.random.randn()  # leaves a cached gaussian in numpy's state
     state = {"data_position": 17, "config": {"beta": 0.05, "k": 4}}
 
@@ -91,26 +94,25 @@ def test_round_trip_restores_weights_optimizer_and_rng_exactly(tmp_path):
         tmp_path,
         3,
         models={"policy": (model, tiny_tokenizer())},
-        optimizers={"policy": opt, "policy_sched": sched},
+        optimizers={"policy": opt},
         generators={"rollout": gen},
         state=state,
     )
     assert path == tmp_path / "checkpoints" / "step_000003"
     expected_draws = draws(gen)
     saved_params = params(model)
-    train_step(model, opt, sched)
+    train_step(model, opt)
     expected_next = params(model)
 
     # A fresh model/optimizer and scrambled RNGs must come back to exactly the saved point.
     other = tiny_qwen(seed=1)
     opt2 = torch.optim.AdamW(other.parameters(), lr=1e-2)
-    sched2 = torch.optim.lr_scheduler.LinearLR(opt2, start_factor=0.5, total_iters=10)
     gen2 = torch.Generator().manual_seed(999)
     random.seed(5), np.random.seed(5), torch.manual_seed(5)
     loaded = load_checkpoint(
         latest_checkpoint(tmp_path),
         models={"policy": other},
-        optimizers={"policy": opt2, "policy_sched": sched2},
+        optimizers={"policy": opt2},
         generators={"rollout": gen2},
     )
     assert loaded == {"step": 3, **state}
@@ -118,35 +120,34 @@ def test_round_trip_restores_weights_optimizer_and_rng_exactly(tmp_path):
         assert torch.equal(v, saved_params[k]), k
     assert other.lm_head.weight is other.model.embed_tokens.weight  # tie survives the load
     assert draws(gen2) == expected_draws
-    assert sched2.last_epoch == 1  # LinearLR starts at 0 and stepped once before the save
     # One more step from the restored state matches the uninterrupted run bit for bit, which
-    # needs Adam's moments and step count and the scheduler's position.
-    train_step(other, opt2, sched2)
+    # needs Adam's moments and step count.
+    train_step(other, opt2)
     for k, v in params(other).items():
         assert torch.equal(v, expected_next[k]), k
 
 
-def test_hf_dirs_load_with_plain_transformers(tmp_path):
+def test_export_loads_with_plain_transformers(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = tiny_qwen(seed=0)
     path = save_checkpoint(
         tmp_path, 1, models={"policy": (model, tiny_tokenizer()), "prm": (model, None)}, state={}
     )
-    assert sorted(p.name for p in path.iterdir()) == [
-        "optimizers.pt",
-        "policy",
-        "prm",
-        "rng.pt",
-        "trainer_state.json",
-    ]
-    reloaded = AutoModelForCausalLM.from_pretrained(path / "policy")
+    assert sorted(p.name for p in path.iterdir()) == ["hf", "rng.pt", "trainer_state.json",
+                                                       "weights"]
+    assert sorted(p.name for p in (path / "hf").iterdir()) == ["policy", "prm"]
+    out = export_checkpoint(path, tmp_path / "export")
+    assert out == {"policy": tmp_path / "export" / "policy", "prm": tmp_path / "export" / "prm"}
+    reloaded = AutoModelForCausalLM.from_pretrained(out["policy"])
     ids = torch.tensor([[2, 3, 12, 4, 13]])
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, model(ids).logits)
-    tok = AutoTokenizer.from_pretrained(path / "policy")
+    tok = AutoTokenizer.from_pretrained(out["policy"])
     assert tok("12+3=")["input_ids"] == [3, 4, 12, 5, 13]  # "1"->3, "2"->4, "+"->12, "3"->5
-    assert not (path / "prm" / "tokenizer.json").exists()
+    assert not (out["prm"] / "tokenizer.json").exists()
+    with pytest.raises(ValueError, match="no HF config"):
+        export_checkpoint(path, tmp_path / "x", names=("critic",))
 
 
 def test_crash_mid_save_keeps_previous_checkpoint_and_latest(tmp_path, monkeypatch):
@@ -155,7 +156,7 @@ def test_crash_mid_save_keeps_previous_checkpoint_and_latest(tmp_path, monkeypat
     real_save = torch.save
 
     def crash_on_rng(obj, f, *a, **kw):
-        if str(f).endswith("rng.pt"):  # models and optimizers.pt are already written
+        if str(f).endswith("rng.pt"):  # the weights (DCP) are already written
             raise OSError("disk full")
         return real_save(obj, f, *a, **kw)
 
@@ -276,7 +277,7 @@ def test_bad_arguments(tmp_path):
         save_checkpoint(tmp_path, -1)
     assert not (tmp_path / "checkpoints").exists()  # validation happens before any write
     path = simple_save(tmp_path, 1)
-    with pytest.raises(ValueError, match="'critic' is not in checkpoint"):
+    with pytest.raises(ValueError, match="'critic'.* not in checkpoint"):
         load_checkpoint(path, models={"critic": Tied()})
     with pytest.raises(ValueError, match="optimizers"):
         load_checkpoint(path, optimizers={"policy": torch.optim.SGD(Tied().parameters(), lr=1)})

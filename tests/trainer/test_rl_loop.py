@@ -52,10 +52,11 @@ def test_prime_two_steps_change_policy_and_prm_and_checkpoint_loads(rl_config):
                 "filter/keep_rate", "response/len_mean", "adv/std"):
         assert all(key in m for m in step_metrics), key
     assert "eval/pass@1_greedy" in history[-1]
-    ckpt = cfg.train.run_dir + "/checkpoints/step_000002"
+    # The last checkpoint is exported as plain HF directories under run_dir/final/.
+    final = cfg.train.run_dir + "/final"
     for name, live_model in (("policy", trainer.policy), ("prm", prm)):
-        model = AutoModelForCausalLM.from_pretrained(f"{ckpt}/{name}")
-        AutoTokenizer.from_pretrained(f"{ckpt}/{name}")
+        model = AutoModelForCausalLM.from_pretrained(f"{final}/{name}")
+        AutoTokenizer.from_pretrained(f"{final}/{name}")
         live = dict(live_model.named_parameters())
         for key, value in model.named_parameters():
             assert torch.equal(value, live[key].detach()), key
