@@ -37,6 +37,9 @@ def read_model_shape(source: str, trust_remote_code: bool = False) -> mem.ModelS
 
     from transformers import AutoConfig
 
+    from primekit.models.hf import check_model_path
+
+    check_model_path(source, "model config")
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(source),
                                             trust_remote_code=trust_remote_code)
@@ -276,9 +279,9 @@ def print_plan(cfg: Config, plan: Plan, alts: list[tuple[str, Plan | None]], *,
         alt.add_column(col)
     for label, p in alts:
         if p is None:
-            why = ("" if label != "more GPUs" else
-                   f"; {plan.replicated / gib:.2f} GiB per GPU does not shrink with more GPUs")
-            alt.add_row(label, "-", "-", f"no (none up to {MAX_GPUS} GPUs / 1 row fits{why})")
+            why = (f"no: {plan.replicated / gib:.2f} GiB per GPU does not shrink with more GPUs"
+                   if label == "more GPUs" else "no: not even at 1 row")
+            alt.add_row(label, "-", "-", why)
         else:
             alt.add_row(label, f"{p.peak / gib:.2f}", p.peak_phase, "yes" if p.fits else "no")
     console.print(alt)
