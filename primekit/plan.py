@@ -168,18 +168,28 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
 
     def update(phase: str, rows: int, head: str, entropy: bool) -> None:
         kw = dict(entropy=entropy, chunk=chunk, head=head)
-        act = {on: mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
-               for on in (False, True)}
+        tokens = f"{rows} rows x {seq} tokens"
         items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
-                     shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads"),
-                 ("activations, checkpointing off", act[False],
-                  (f"{NOT_COUNTED} (checkpointing on)" if ckpt else f"{rows} rows x {seq} tokens")),
-                 ("activations, checkpointing on", act[True],
-                  f"{rows} rows x {seq} tokens" if ckpt else f"{NOT_COUNTED} (checkpointing off)")]
-        if head == "lm":
-            items.append(("logits backward (one chunk)", mem.logits_backward_bytes(
-                shape, rows, T, cb, entropy=entropy, chunk=chunk),
-                f"[{rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"))
+            shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
+        for on in (False, True):
+            saved = mem.saved_activation_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
+            peak = mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
+            used = on == ckpt
+            items.append((f"saved activations, checkpointing {'on' if on else 'off'}", saved,
+                          (tokens if used else f"{NOT_COUNTED} (checkpointing {'on' if ckpt else 'off'})")
+                          + f"; with the backward: {peak / mem.GIB:.2f} GiB"))
+        moments = mem.backward_moments(shape, rows, seq, T, cb, checkpointing=ckpt, **kw)
+        larger = max(moments, key=moments.get)
+        labels = {"logits": ("backward: logits of one chunk",
+                             f"[{rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
+                  "layer": ("backward: one layer rebuilt + its gradients" if ckpt
+                            else "backward: one layer's gradients", "")}
+        for key, (label, note) in labels.items():
+            if key == "logits" and head != "lm":
+                continue
+            if key != larger:
+                note = f"{NOT_COUNTED}: the other backward moment is larger"
+            items.append((label, moments[key], note))
         plan.phases[phase] = items
 
     update("policy update", cfg.policy.micro_batch_size, "lm", entropy=True)
@@ -279,8 +289,12 @@ def print_plan(cfg: Config, plan: Plan, alts: list[tuple[str, Plan | None]], *,
         alt.add_column(col)
     for label, p in alts:
         if p is None:
-            why = (f"no: {plan.replicated / gib:.2f} GiB per GPU does not shrink with more GPUs"
-                   if label == "more GPUs" else "no: not even at 1 row")
+            if label == "more GPUs":
+                why = f"no: {plan.replicated / gib:.2f} GiB per GPU does not shrink with more GPUs"
+            else:
+                why = "no: not even at 1 row"
+                if "PRM update" in plan.phases:  # PRM micro-batches hold whole groups of K
+                    why += f" (a PRM micro-batch is at least {cfg.rollout.n_samples} rows)"
             alt.add_row(label, "-", "-", why)
         else:
             alt.add_row(label, f"{p.peak / gib:.2f}", p.peak_phase, "yes" if p.fits else "no")

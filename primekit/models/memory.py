@@ -176,34 +176,71 @@ def saved_activation_bytes(s: ModelShape, rows: int, seq: int, response: int, co
     return total + n * 8 + t * (8 + FP32)
 
 
-def activation_peak_bytes(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int,
-                          *, checkpointing: bool, entropy: bool, chunk: int,
-                          head: str = "lm") -> int:
-    """Saved activations plus, under checkpointing, one layer's recomputed activations during its
-    backward (layer inputs kept + one layer at a time)."""
-    saved = saved_activation_bytes(s, rows, seq, response, compute_bytes,
-                                   checkpointing=checkpointing, entropy=entropy, chunk=chunk,
-                                   head=head)
-    if checkpointing:
-        saved += layer_activation_bytes(s, rows, seq, compute_bytes)
-    return saved
+def layer_backward_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int) -> int:
+    """Gradients alive inside one layer's backward, approximately n * c_b * (h + 2i): the gradient
+    of the residual stream and, in the MLP's backward (its widest point), the gradient of the
+    product silu(gate)*up and of one of its factors at a time. An approximation read off the
+    MLP's backward, not a count; the whole activation peak is checked against the CPU
+    allocator's peak on the tiny model (tests/models/test_memory.py)."""
+    return rows * seq * compute_bytes * (s.hidden + 2 * s.intermediate)
+
+
+def head_saved_bytes(s: ModelShape, rows: int, response: int, compute_bytes: int, *,
+                     entropy: bool, chunk: int, head: str = "lm") -> int:
+    """The part of `saved_activation_bytes` that the output head's backward frees before the
+    layers' backward starts: with one chunk, the lm_head input copy and the fp32 logits
+    (and softmax); with more chunks (checkpointed) or a value head, nothing worth counting."""
+    if head != "lm" or response > chunk:
+        return 0
+    t = rows * response
+    return t * compute_bytes * s.hidden + t * s.vocab * FP32 * (2 if entropy else 1)
 
 
 def logits_backward_bytes(s: ModelShape, rows: int, response: int, compute_bytes: int, *,
                           entropy: bool, chunk: int) -> int:
     """The output head's extra memory in the backward, over one chunk of c = min(T, chunk)
-    response tokens (counted from sequence_logprobs, not measured).
+    response tokens (counted from sequence_logprobs).
 
     The gradient of the logits in fp32 and in the compute dtype: rows*c*V*(4 + c_b); with more
     than one chunk the chunk is recomputed first, adding its fp32 logits (and softmax with
     entropy): rows*c*V*4 (*2). The logits [rows, c, V] are the largest tensors of a step: for
-    V = 152064, 8 rows and c = 512 one fp32 copy is 2.5 GB.
+    V = 152064, 8 rows and c = 512 one fp32 copy is 2.5 GB (unchunked, 3072 response tokens
+    would be 15 GB).
     """
     c = min(response, chunk)
     extra = rows * c * s.vocab * (FP32 + compute_bytes)
     if response > chunk:
         extra += rows * c * s.vocab * FP32 * (2 if entropy else 1)
     return extra
+
+
+def backward_moments(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int, *,
+                     checkpointing: bool, entropy: bool, chunk: int,
+                     head: str = "lm") -> dict[str, int]:
+    """Memory on top of the saved activations at the two high points of the backward.
+
+    "logits": first, the output head's backward (logits_backward_bytes; 0 for a value head).
+    "layer": then each layer's backward: its gradients (layer_backward_bytes) and, under
+    checkpointing, its recomputed activations, less what the head's backward has freed.
+    The activation peak is the saved activations plus the larger of the two.
+    """
+    layer = layer_backward_bytes(s, rows, seq, compute_bytes)
+    if checkpointing:
+        layer += layer_activation_bytes(s, rows, seq, compute_bytes)
+    layer -= head_saved_bytes(s, rows, response, compute_bytes, entropy=entropy, chunk=chunk,
+                              head=head)
+    logits = (logits_backward_bytes(s, rows, response, compute_bytes, entropy=entropy,
+                                    chunk=chunk) if head == "lm" else 0)
+    return {"logits": logits, "layer": max(layer, 0)}
+
+
+def activation_peak_bytes(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int,
+                          *, checkpointing: bool, entropy: bool, chunk: int,
+                          head: str = "lm") -> int:
+    """Activation memory at its peak: saved activations + the larger backward moment."""
+    kw = dict(checkpointing=checkpointing, entropy=entropy, chunk=chunk, head=head)
+    saved = saved_activation_bytes(s, rows, seq, response, compute_bytes, **kw)
+    return saved + max(backward_moments(s, rows, seq, response, compute_bytes, **kw).values())
 
 
 def forward_working_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int) -> int:
