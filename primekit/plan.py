@@ -168,16 +168,15 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
 
     def update(phase: str, rows: int, head: str, entropy: bool) -> None:
         kw = dict(entropy=entropy, chunk=chunk, head=head)
-        tokens = f"{rows} rows x {seq} tokens"
+        tokens, onoff = f"{rows} rows x {seq} tokens", {False: "off", True: "on"}
         items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
             shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
         for on in (False, True):
             saved = mem.saved_activation_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
             peak = mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
-            used = on == ckpt
-            items.append((f"saved activations, checkpointing {'on' if on else 'off'}", saved,
-                          (tokens if used else f"{NOT_COUNTED} (checkpointing {'on' if ckpt else 'off'})")
-                          + f"; with the backward: {peak / mem.GIB:.2f} GiB"))
+            where = tokens if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
+            items.append((f"saved activations, checkpointing {onoff[on]}", saved,
+                          f"{where}; with the backward: {peak / mem.GIB:.2f} GiB"))
         moments = mem.backward_moments(shape, rows, seq, T, cb, checkpointing=ckpt, **kw)
         larger = max(moments, key=moments.get)
         labels = {"logits": ("backward: logits of one chunk",

@@ -248,7 +248,8 @@ def forward_working_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int
     (residual, normalised input, silu(gate), up, their product): n * c_b * (2h + 3i), plus the
     attention mask rows * seq^2 * c_b. Used for rollout prefill and reference/PRM scoring."""
     n = rows * seq
-    return n * compute_bytes * (2 * s.hidden + 3 * s.intermediate) + rows * seq * seq * compute_bytes
+    mask = rows * seq * seq * compute_bytes
+    return n * compute_bytes * (2 * s.hidden + 3 * s.intermediate) + mask
 
 
 def kv_cache_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int) -> int:

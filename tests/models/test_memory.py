@@ -108,7 +108,8 @@ def test_saved_activations_match_the_estimate(dtype, checkpointing, chunk):
             warnings.simplefilter("ignore", FutureWarning)  # the deprecated alias's warning
             model.gradient_checkpointing_enable()
     rows, prompt, response = 4, 40, 60
-    ids = torch.randint(3, 99, (rows, prompt + response), generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 99, (rows, prompt + response), generator=generator)
     mask = torch.ones_like(ids)
     mask[0, :7] = 0  # left padding, as in every real batch
     measured = _saved_bytes(model, ids, mask, response, chunk)
@@ -151,7 +152,8 @@ def test_activation_peak_brackets_the_allocator_peak(dtype, checkpointing, chunk
             warnings.simplefilter("ignore", FutureWarning)
             model.gradient_checkpointing_enable()
     rows, prompt, response = 4, 40, 60
-    ids = torch.randint(3, 99, (rows, prompt + response), generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 99, (rows, prompt + response), generator=generator)
     mask = torch.ones_like(ids)
     mask[0, :7] = 0
     for p in model.parameters():
