@@ -30,24 +30,25 @@ def logprob_chunk() -> int:
     return inspect.signature(sequence_logprobs).parameters["chunk_size"].default
 
 
-def read_model_shape(source: str, trust_remote_code: bool = False) -> mem.ModelShape:
+def read_model_shape(source: str, trust_remote_code: bool = False,
+                     field: str = "--model-config") -> mem.ModelShape:
     """The ModelShape of a local directory, a config.json file or a hub id (transformers
-    AutoConfig), or a one-line ConfigError naming the source."""
+    AutoConfig), or a one-line ConfigError naming the source and the `field` it came from."""
     import os
 
     from transformers import AutoConfig
 
     from primekit.models.hf import check_model_path
 
-    check_model_path(source, "model config")
+    check_model_path(source, field)
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(source),
                                             trust_remote_code=trust_remote_code)
         return mem.shape_from_hf_config(config)
     except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"cannot read the model config of {source!r} ({first}); pass "
-                          f"--model-config DIR_OR_CONFIG_JSON") from None
+        raise ConfigError(f"{field}: cannot read the model config of {source!r} ({first}); "
+                          "--model-config takes a model directory or its config.json") from None
 
 
 @dataclass
@@ -304,7 +305,8 @@ def run_plan(cfg: Config, *, gpus: int, gpu_mem_gib: float, prompt_len: int,
              model_config: str | None = None, console=None) -> Plan:
     """Read the model config, build the plan and its alternatives, print them; returns the plan."""
     source = model_config or cfg.model.policy
-    shape = read_model_shape(source, cfg.model.trust_remote_code)
+    shape = read_model_shape(source, cfg.model.trust_remote_code,
+                             "--model-config" if model_config else "model.policy")
     chunk = logprob_chunk()
     plan = build_plan(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib, prompt_len=prompt_len,
                       chunk=chunk)
