@@ -19,6 +19,9 @@ in Large Transformer Models", arXiv 2205.05198, Sec. 4.1, sbh(34 + 5as/h) bytes 
 GPT layer in 16 bits) adapted to this layer: RMSNorm instead of LayerNorm (it saves an fp32 copy
 of its input), no dropout masks, a SwiGLU MLP of width i instead of a GeLU MLP of width 4h, and
 fused attention that keeps no [a, s, s] probabilities but does keep a [b, 1, s, s] mask.
+The backward adds the larger of two moments (`backward_moments`): the output head's logits of
+one chunk, or one layer's gradients (and, under checkpointing, its recomputed activations); that
+peak is checked against the CPU allocator's peak on the same model.
 """
 
 from __future__ import annotations
