@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--gpus", type=int, default=1, help="GPUs (FSDP2 world size)")
     p.add_argument("--gpu-mem", type=float, default=80.0, help="memory per GPU, GiB")
-    # 1024: the PRIME reference recipe's data.max_prompt_length (verl recipe/prime).
+    # 1024: data.max_prompt_length of verl's PRIME recipe (recipe/prime/run_prime_qwen*.sh).
     p.add_argument("--prompt-len", type=int, default=1024, help="longest prompt, tokens")
     p.add_argument("--model-config", default=None,
                    help="read the model's config here instead of model.policy (dir or json)")
