@@ -1,4 +1,4 @@
-"""The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check.
+"""The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check, plan.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
 `tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`), given
@@ -34,6 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     from primekit.reward_models.cli import add_subcommands
 
     add_subcommands(sub)  # train-orm, train-prm, hack-check
+    p = sub.add_parser("plan", help="per-GPU memory of a config under FSDP2; does it fit")
+    _add_common(p)
+    p.add_argument("--gpus", type=int, default=1, help="GPUs (FSDP2 world size)")
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="memory per GPU, GiB")
+    # 1024: data.max_prompt_length of verl's PRIME recipe (recipe/prime/run_prime_qwen*.sh).
+    p.add_argument("--prompt-len", type=int, default=1024, help="longest prompt, tokens")
+    p.add_argument("--model-config", default=None,
+                   help="read the model's config here instead of model.policy (dir or json)")
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
@@ -70,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
 
             with dist.process_group_from_env():
                 _run_distributed_command(args, cfg)
+            return 0
+        if args.command == "plan":
+            from primekit.plan import run_plan
+
+            run_plan(cfg, gpus=args.gpus, gpu_mem_gib=args.gpu_mem, prompt_len=args.prompt_len,
+                     model_config=args.model_config)
             return 0
         if args.command == "sft":
             from primekit.trainer.sft import run_sft

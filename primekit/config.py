@@ -232,6 +232,19 @@ class VerifierConfig:
 
 @_validated
 @dataclass
+class ParallelConfig:
+    """Memory switches of the FSDP2-sharded models under torchrun (docs/scale_out.md)."""
+
+    # Recompute each decoder layer's activations in the backward instead of keeping them: only
+    # the layer inputs stay between forward and backward, at the price of a second forward.
+    activation_checkpointing: bool = False
+    # FSDP2 CPUOffloadPolicy: the trained models' parameters, gradients and optimiser state live
+    # in host memory and are copied to the GPU layer by layer; slower, frees most GPU memory.
+    cpu_offload: bool = False
+
+
+@_validated
+@dataclass
 class TrainConfig:
     run_dir: str = "runs/prime"
     steps: Positive = 100
@@ -366,6 +379,7 @@ class Config:
     explicit: ExplicitRewardConfig = field(default_factory=ExplicitRewardConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

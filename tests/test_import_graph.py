@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "primekit.cli": 3,
     "primekit.demo": 3,
     "primekit.factory": 3,
+    "primekit.plan": 3,
 }
 
 # Units held to less than their layer allows: the algorithms are pure tensor math on batches.

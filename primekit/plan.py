@@ -1,0 +1,319 @@
+"""`primekit plan`: per-GPU memory of a run's config, whether it fits, and what would make it fit.
+
+The arithmetic is in `primekit.models.memory`; this module decides which models a config holds
+and in which phase of the RL step each tensor lives, then prints the table. Peak per GPU =
+persistent states (every model's shards, the rollout engine's weights) + the largest transient of
+one phase (rollout, no-grad scoring, policy update, PRM update, critic update): the phases of a
+step run one after another, so their transients never coexist.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+
+from primekit.config import Config, ConfigError
+from primekit.models import memory as mem
+
+# vLLM's own default for `gpu_memory_utilization` (the share of GPU memory it reserves for its
+# weights and KV cache), used while the config has no field for it.
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+MAX_GPUS = 1024  # the "more GPUs" search stops here
+NOT_COUNTED = "not counted"
+
+
+def logprob_chunk() -> int:
+    """Response tokens per lm_head chunk of `sequence_logprobs` (its default, read from it)."""
+    from primekit.models.logprobs import sequence_logprobs
+
+    return inspect.signature(sequence_logprobs).parameters["chunk_size"].default
+
+
+def read_model_shape(source: str, trust_remote_code: bool = False,
+                     field: str = "--model-config") -> mem.ModelShape:
+    """The ModelShape of a local directory, a config.json file or a hub id (transformers
+    AutoConfig), or a one-line ConfigError naming the source and the `field` it came from."""
+    import os
+
+    from transformers import AutoConfig
+
+    from primekit.models.hf import check_model_path
+
+    check_model_path(source, field)
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(source),
+                                            trust_remote_code=trust_remote_code)
+        return mem.shape_from_hf_config(config)
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{field}: cannot read the model config of {source!r} ({first}); "
+                          "--model-config takes a model directory or its config.json") from None
+
+
+@dataclass
+class Plan:
+    """Per-GPU bytes: `persistent` rows live all step, `phases` rows only in their phase."""
+
+    gpus: int
+    gpu_mem: float  # bytes
+    persistent: list[tuple[str, float, str]] = field(default_factory=list)  # (item, bytes, note)
+    # Rows of a phase; a row whose note starts with "not counted" is shown but not summed (the
+    # activations of the checkpointing setting the config does not use).
+    phases: dict[str, list[tuple[str, float, str]]] = field(default_factory=dict)
+    host: float = 0.0  # host bytes per GPU (cpu_offload)
+    replicated: float = 0.0  # per-GPU bytes that more GPUs do not shrink
+
+    @property
+    def persistent_bytes(self) -> float:
+        return sum(b for _, b, _ in self.persistent)
+
+    def phase_bytes(self, phase: str) -> float:
+        return sum(b for _, b, note in self.phases[phase] if not note.startswith(NOT_COUNTED))
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_bytes)
+
+    @property
+    def peak(self) -> float:
+        return self.persistent_bytes + self.phase_bytes(self.peak_phase)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.gpu_mem
+
+
+def prm_rows(cfg: Config) -> int:
+    """PRM micro-batch rows: rounded down to whole groups of K, at least one group (row_chunks)."""
+    k = cfg.rollout.n_samples
+    return max(k, cfg.prm.micro_batch_size // k * k)
+
+
+def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: float,
+               prompt_len: int, chunk: int) -> Plan:
+    """The per-GPU memory plan of `cfg` on `gpus` GPUs of `gpu_mem_gib` GiB each.
+
+    Every model is assumed to have the policy's architecture (PRIME initialises the PRM,
+    reference and critic from the policy's checkpoint).
+    """
+    if gpus < 1 or prompt_len < 1 or gpu_mem_gib <= 0:
+        raise ConfigError(f"--gpus, --prompt-len and --gpu-mem must be positive, got {gpus}, "
+                          f"{prompt_len}, {gpu_mem_gib}")
+    a, par = cfg.algorithm, cfg.parallel
+    cb = mem.DTYPE_BYTES[cfg.model.dtype]
+    T = cfg.rollout.max_new_tokens
+    seq = prompt_len + T
+    ckpt, offload = par.activation_checkpointing, par.cpu_offload
+    plan = Plan(gpus=gpus, gpu_mem=gpu_mem_gib * mem.GIB)
+    P = mem.model_params(shape)
+    per = f"1/{gpus} per GPU"
+
+    def trained(name: str, params: int) -> None:
+        states = mem.trained_state_bytes(params, gpus)
+        if offload:
+            plan.host += sum(states.values())
+            plan.persistent.append((f"{name}: params + grads + AdamW (fp32)", 0.0,
+                                    f"cpu_offload: {sum(states.values()) / mem.GIB:.2f} GiB "
+                                    "in host memory"))
+            return
+        plan.persistent += [
+            (f"{name}: parameters (fp32 master)", states["params"], f"{params / 1e9:.3f} B, {per}"),
+            (f"{name}: gradients (fp32)", states["grads"], per),
+            (f"{name}: AdamW state (fp32, 2 moments)", states["optimizer"], per)]
+
+    def frozen(name: str, params: int) -> None:
+        plan.persistent.append((f"{name}: weights ({cfg.model.dtype}, frozen)",
+                                mem.frozen_state_bytes(params, cb, gpus), per))
+
+    trained("policy", P)
+    if a.estimator == "ppo":
+        trained("critic", mem.model_params(shape, "value"))
+    prm_online = a.reward_mode == "prime" and cfg.prm.update == "online"
+    if a.reward_mode == "prime":
+        (trained if prm_online else frozen)("PRM", P)
+    elif a.reward_mode != "outcome":
+        frozen("explicit reward model", P)
+    if (a.reward_mode == "prime" and cfg.prm.reference == "sft") or a.kl_coef > 0:
+        frozen("reference", P)
+
+    # Rollout engine: the HF engine samples from a full copy of the policy in the compute dtype;
+    # vLLM reserves its share of the GPU for weights and KV cache together.
+    if cfg.rollout.backend == "vllm":
+        util = getattr(cfg.rollout, "gpu_memory_utilization", VLLM_GPU_MEMORY_UTILIZATION)
+        engine = util * plan.gpu_mem
+        plan.persistent.append(("rollout: vLLM reservation", engine,
+                                f"gpu_memory_utilization {util}: weights + KV cache"))
+        plan.phases["rollout"] = [("KV cache", 0.0, "inside the vLLM reservation")]
+    else:
+        engine = P * cb
+        rows = cfg.rollout.micro_batch_size
+        plan.persistent.append(("rollout: policy weights (full copy)", engine,
+                                f"{cfg.model.dtype}, unsharded"))
+        plan.phases["rollout"] = [
+            ("KV cache", mem.kv_cache_bytes(shape, rows, seq, cb),
+             f"{rows} rows x {seq} tokens"),
+            ("prefill working set", mem.forward_working_bytes(shape, rows, prompt_len, cb),
+             f"{rows} rows x {prompt_len} prompt tokens")]
+
+    # No-grad forwards: old-policy log-probs, reference, PRM scoring, critic values.
+    rows = max(cfg.policy.micro_batch_size, prm_rows(cfg) if a.reward_mode == "prime" else 0)
+    c = min(T, chunk)
+    plan.phases["scoring (no grad)"] = [
+        ("all-gathered root + 2 layers", mem.gathered_bytes(shape, cb, trained=False),
+         cfg.model.dtype),
+        ("forward working set", mem.forward_working_bytes(shape, rows, seq, cb),
+         f"{rows} rows x {seq} tokens"),
+        ("logits of one chunk", rows * c * shape.vocab * (cb + mem.FP32),
+         f"[{rows}, {c}, {shape.vocab}] {cfg.model.dtype} + fp32")]
+
+    def update(phase: str, rows: int, head: str, entropy: bool) -> None:
+        kw = dict(entropy=entropy, chunk=chunk, head=head)
+        tokens, onoff = f"{rows} rows x {seq} tokens", {False: "off", True: "on"}
+        items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
+            shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
+        for on in (False, True):
+            saved = mem.saved_activation_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
+            peak = mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
+            where = tokens if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
+            items.append((f"saved activations, checkpointing {onoff[on]}", saved,
+                          f"{where}; with the backward: {peak / mem.GIB:.2f} GiB"))
+        moments = mem.backward_moments(shape, rows, seq, T, cb, checkpointing=ckpt, **kw)
+        larger = max(moments, key=moments.get)
+        labels = {"logits": ("backward: logits of one chunk",
+                             f"[{rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
+                  "layer": ("backward: one layer rebuilt + its gradients" if ckpt
+                            else "backward: one layer's gradients", "")}
+        for key, (label, note) in labels.items():
+            if key == "logits" and head != "lm":
+                continue
+            if key != larger:
+                note = f"{NOT_COUNTED}: the other backward moment is larger"
+            items.append((label, moments[key], note))
+        plan.phases[phase] = items
+
+    update("policy update", cfg.policy.micro_batch_size, "lm", entropy=True)
+    if prm_online:
+        update("PRM update", prm_rows(cfg), "lm", entropy=False)
+    if a.estimator == "ppo":
+        update("critic update", cfg.policy.micro_batch_size, "value", entropy=False)
+    plan.replicated = engine + max(plan.phase_bytes(p) for p in plan.phases)
+    return plan
+
+
+def _with(cfg: Config, **changes: object) -> Config:
+    """A copy of cfg with dotted fields changed: _with(cfg, **{"parallel.cpu_offload": True})."""
+    out = copy.deepcopy(cfg)
+    for dotted, value in changes.items():
+        section, name = dotted.split(".")
+        setattr(getattr(out, section), name, value)
+    return out
+
+
+def alternatives(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: float,
+                 prompt_len: int, chunk: int) -> list[tuple[str, Plan | None]]:
+    """Each switch that could make the plan fit, computed: offload, checkpointing, both, smaller
+    micro-batches (halved together until they fit), more GPUs (doubled until they fit).
+    A None plan means no setting of that switch fits."""
+    def plan_of(c: Config, n: int = gpus) -> Plan:
+        return build_plan(c, shape, gpus=n, gpu_mem_gib=gpu_mem_gib, prompt_len=prompt_len,
+                          chunk=chunk)
+
+    par, out = cfg.parallel, []
+    if not par.cpu_offload:
+        out.append(("parallel.cpu_offload=true", plan_of(_with(cfg, **{"parallel.cpu_offload":
+                                                                       True}))))
+    if not par.activation_checkpointing:
+        out.append(("parallel.activation_checkpointing=true",
+                    plan_of(_with(cfg, **{"parallel.activation_checkpointing": True}))))
+    if not par.cpu_offload and not par.activation_checkpointing:
+        out.append(("both of the above", plan_of(_with(
+            cfg, **{"parallel.cpu_offload": True, "parallel.activation_checkpointing": True}))))
+    sizes = {"policy.micro_batch_size": cfg.policy.micro_batch_size,
+             "prm.micro_batch_size": cfg.prm.micro_batch_size,
+             "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
+    found: tuple[str, Plan | None] = ("smaller micro-batches (halved together)", None)
+    while max(sizes.values()) > 1:
+        sizes = {k: max(1, v // 2) for k, v in sizes.items()}
+        p = plan_of(_with(cfg, **sizes))
+        if p.fits:
+            found = (" ".join(f"{k}={v}" for k, v in sizes.items()), p)
+            break
+    out.append(found)
+    found = ("more GPUs", None)
+    n = gpus * 2
+    while n <= MAX_GPUS:
+        p = plan_of(cfg, n)
+        if p.fits:
+            found = (f"--gpus {n}", p)
+            break
+        n *= 2
+    out.append(found)
+    return out
+
+
+def print_plan(cfg: Config, plan: Plan, alts: list[tuple[str, Plan | None]], *,
+               title: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(Console().width, 120))
+    gib = mem.GIB
+    table = Table(title=title)
+    for col in ("phase", "item", "GiB per GPU", "note"):
+        table.add_column(col, justify="right" if col == "GiB per GPU" else "left")
+    for k, (item, b, note) in enumerate(plan.persistent):
+        table.add_row("" if k else "all step", item, f"{b / gib:.2f}", note)
+    table.add_row("", "[bold]persistent total", f"[bold]{plan.persistent_bytes / gib:.2f}",
+                  "", end_section=True)
+    for phase, items in plan.phases.items():
+        for k, (item, b, note) in enumerate(items):
+            table.add_row("" if k else phase, item, f"{b / gib:.2f}", note)
+        peak = " (peak)" if phase == plan.peak_phase else ""
+        table.add_row("", f"[bold]persistent + this phase{peak}",
+                      f"[bold]{(plan.persistent_bytes + plan.phase_bytes(phase)) / gib:.2f}", "",
+                      end_section=True)
+    console.print(table)
+    verdict = "fits" if plan.fits else "does NOT fit"
+    console.print(f"peak {plan.peak / gib:.2f} GiB per GPU ({plan.peak_phase}) vs --gpu-mem "
+                  f"{plan.gpu_mem / gib:g} GiB: {verdict} "
+                  f"(headroom {(plan.gpu_mem - plan.peak) / gib:.2f} GiB; CUDA context, NCCL "
+                  "buffers and allocator fragmentation are not counted)")
+    if plan.host:
+        console.print(f"host memory for offloaded states: {plan.host / gib:.2f} GiB per GPU, "
+                      f"{plan.host * plan.gpus / gib:.2f} GiB over {plan.gpus} GPUs")
+    if plan.fits:
+        return
+    alt = Table(title="what would make it fit")
+    for col in ("change", "peak GiB per GPU", "peak phase", "fits"):
+        alt.add_column(col)
+    for label, p in alts:
+        if p is None:
+            if label == "more GPUs":
+                why = f"no: {plan.replicated / gib:.2f} GiB per GPU does not shrink with more GPUs"
+            else:
+                why = "no: not even at 1 row"
+                if "PRM update" in plan.phases:  # PRM micro-batches hold whole groups of K
+                    why += f" (a PRM micro-batch is at least {cfg.rollout.n_samples} rows)"
+            alt.add_row(label, "-", "-", why)
+        else:
+            alt.add_row(label, f"{p.peak / gib:.2f}", p.peak_phase, "yes" if p.fits else "no")
+    console.print(alt)
+
+
+def run_plan(cfg: Config, *, gpus: int, gpu_mem_gib: float, prompt_len: int,
+             model_config: str | None = None, console=None) -> Plan:
+    """Read the model config, build the plan and its alternatives, print them; returns the plan."""
+    source = model_config or cfg.model.policy
+    shape = read_model_shape(source, cfg.model.trust_remote_code,
+                             "--model-config" if model_config else "model.policy")
+    chunk = logprob_chunk()
+    plan = build_plan(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib, prompt_len=prompt_len,
+                      chunk=chunk)
+    alts = [] if plan.fits else alternatives(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib,
+                                             prompt_len=prompt_len, chunk=chunk)
+    title = (f"memory plan per GPU: {source} ({mem.model_params(shape) / 1e9:.2f} B params), "
+             f"{gpus} GPUs, {cfg.model.dtype}, sequence {prompt_len}+"
+             f"{cfg.rollout.max_new_tokens}")
+    print_plan(cfg, plan, alts, title=title, console=console)
+    return plan

@@ -1,0 +1,162 @@
+"""`primekit plan`: the 7B plan's numbers checked by hand, fit decisions, the CLI and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from primekit.cli import main
+from primekit.config import ConfigError, load_config, resolve_config
+from primekit.models import memory as mem
+from primekit.plan import alternatives, build_plan, read_model_shape
+
+GIB = 2**30
+P = 7_615_616_512  # Qwen2-7B parameters (tests/models/test_memory.py derives it)
+QWEN2_7B_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+}
+
+
+@pytest.fixture(scope="module")
+def qwen2_7b_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen2_7b")
+    (path / "config.json").write_text(json.dumps(QWEN2_7B_CONFIG))
+    return path
+
+
+@pytest.fixture(scope="module")
+def shape_7b(qwen2_7b_dir):
+    return read_model_shape(str(qwen2_7b_dir))
+
+
+def _plan(shape, *overrides: str, gpus: int = 8, gpu_mem: float = 80.0):
+    cfg = load_config(resolve_config("paper-7b"), list(overrides))
+    return cfg, build_plan(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem, prompt_len=1024, chunk=512)
+
+
+def test_paper_7b_plan_by_hand(shape_7b):
+    assert mem.model_params(shape_7b) == P
+    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=true")
+    rows = dict((item, b) for item, b, _ in plan.persistent)
+    # Trained policy and PRM, 8 GPUs: fp32 params 4P/8, fp32 grads 4P/8, AdamW 8P/8 each.
+    assert rows["policy: parameters (fp32 master)"] == 4 * P / 8 == 3_807_808_256
+    assert rows["PRM: AdamW state (fp32, 2 moments)"] == 8 * P / 8
+    # Reference in bf16, sharded: 2P/8 = 1,903,904,128. Rollout copy: 2P = 15,231,233,024.
+    assert rows["reference: weights (bfloat16, frozen)"] == 1_903_904_128
+    assert rows["rollout: policy weights (full copy)"] == 15_231_233_024
+    # persistent = 2 * 16P/8 + 2P/8 + 2P = 6.25P = 47,597,603,200 bytes (44.33 GiB)
+    assert plan.persistent_bytes == 47_597_603_200
+    rollout = dict((item, b) for item, b, _ in plan.phases["rollout"])
+    # KV: 57,344 bytes/token * 64 rows * (1024 + 3072) tokens = 15,032,385,536
+    assert rollout["KV cache"] == 15_032_385_536
+    # prefill: 64*1024 tokens * 2*(2*3584 + 3*18944) = 8,388,608,000 + mask 64*1024^2*2
+    assert rollout["prefill working set"] == 8_388_608_000 + 134_217_728
+    update = dict((item, b) for item, b, _ in plan.phases["policy update"])
+    # gathered: (root 1,089,998,336 + 2 layers * 233,057,792) * 2 bytes = 3,112,227,840,
+    # plus fp32 grads of root + 1 layer: 1,323,056,128 * 4 = 5,292,224,512
+    assert update["all-gathered root + 2 layers, grads"] == 8_404_452_352
+    # saved activations with checkpointing, 8 rows x 4096 tokens = 32,768 tokens:
+    #   layer inputs 28 * 32768 * 2 * 3584           = 6,576,668,672
+    #   final norm 32768 * (4*3584 + 2*3584 + 4)     =   704,774,144
+    #   final hidden (3072 > 512: chunked head) n*2h =   234,881,024
+    #   ids 32768*8 + 8*3072*12                      =       557,056
+    assert update["saved activations, checkpointing on"] == 7_516_880_896
+    # backward moment 1, logits of one chunk of 8 x 512 x 152064 = 622,854,144 elements:
+    # grads fp32 + bf16 (6 B) and the recomputed fp32 logits and softmax (8 B): 14 B each
+    assert update["backward: logits of one chunk"] == 8_719_958_016
+    # backward moment 2, one layer rebuilt: 32768 * 237,688 + mask 8*4096^2*2 = 8,056,995,840,
+    # plus its gradients 32768 * 2 * (3584 + 2*18944) = 2,717,908,992; the larger moment
+    assert update["backward: one layer rebuilt + its gradients"] == 10_774_904_832
+    assert plan.peak_phase == "policy update"
+    # peak = 47,597,603,200 + 8,404,452,352 + 7,516,880,896 + 10,774,904,832 (69.19 GiB)
+    assert plan.peak == 74_293_841_280
+    assert plan.fits  # 80 GiB = 85,899,345,920 bytes
+
+
+def test_paper_7b_without_checkpointing_does_not_fit_and_the_alternatives(shape_7b):
+    cfg, plan = _plan(shape_7b)
+    assert not plan.fits and plan.peak > 250 * GIB  # 8 x 4096 tokens of activations in 28 layers
+    alts = dict(alternatives(cfg, shape_7b, gpus=8, gpu_mem_gib=80, prompt_len=1024, chunk=512))
+    assert not alts["parallel.cpu_offload=true"].fits  # offload does not touch activations
+    assert alts["parallel.activation_checkpointing=true"].peak == 74_293_841_280  # as by hand
+    both = alts["both of the above"]
+    # offload moves the 2 * 16P/8 bytes of trained states to the host: 74,293,841,280 -
+    # 30,462,466,048 = 43,831,375,232 per GPU; host 30,462,466,048 per GPU
+    assert both.fits and both.peak == 43_831_375_232 and both.host == 2 * 16 * P / 8
+    # Activations, the rollout copy and the KV cache do not shrink with more GPUs, and a
+    # single row without checkpointing still does not fit.
+    assert alts["more GPUs"] is None
+
+
+def test_more_gpus_is_the_answer_when_only_the_sharded_part_is_too_big(shape_7b):
+    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=true", gpu_mem=60)
+    assert not plan.fits  # 69.19 GiB > 60 GiB
+    alts = dict(alternatives(cfg, shape_7b, gpus=8, gpu_mem_gib=60, prompt_len=1024, chunk=512))
+    # 16 GPUs: sharded states 34P/16 = 16,183,185,088 + rollout copy 2P = 15,231,233,024 +
+    # policy update 26,696,238,080 = 58,110,656,192 bytes (54.12 GiB) <= 60 GiB
+    assert alts["--gpus 16"].peak == 58_110_656_192
+    assert alts["--gpus 16"].fits
+
+
+def test_tiny_config_smaller_micro_batches_make_it_fit(tiny_model_dir):
+    cfg = load_config(resolve_config("tiny"), [f"model.policy={tiny_model_dir}"])
+    shape = read_model_shape(str(tiny_model_dir))
+    kw = dict(gpus=1, prompt_len=64, chunk=512)
+    assert build_plan(cfg, shape, gpu_mem_gib=1.0, **kw).fits
+    plan = build_plan(cfg, shape, gpu_mem_gib=0.5, **kw)
+    # PRM update, fp32, 128 rows x 128 tokens: 0.88 GiB of saved activations
+    assert not plan.fits and plan.peak_phase == "PRM update"
+    alts = dict(alternatives(cfg, shape, gpu_mem_gib=0.5, **kw))
+    # Halved once (32/64/128) is still too big; halved twice fits.
+    once = ["policy.micro_batch_size=32", "prm.micro_batch_size=64", "rollout.micro_batch_size=128"]
+    assert not build_plan(load_config(resolve_config("tiny"), once), shape, gpu_mem_gib=0.5,
+                          **kw).fits
+    twice = "policy.micro_batch_size=16 prm.micro_batch_size=32 rollout.micro_batch_size=64"
+    assert alts[twice].fits and alts["parallel.activation_checkpointing=true"].fits
+    assert not alts["parallel.cpu_offload=true"].fits  # a 1 M model's states are nothing
+
+
+def test_cli_prints_the_plan_for_paper_7b(qwen2_7b_dir, capsys):
+    rc = main(["plan", "--config", "paper-7b", "--gpus", "8", "--gpu-mem", "80",
+               f"model.policy={qwen2_7b_dir}"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "does NOT fit" in out and "what would make it fit" in out
+    assert "parallel.activation_checkpointing=true" in out
+    rc = main(["plan", "--config", "paper-7b", "--gpus", "8", "--gpu-mem", "80",
+               "--model-config", str(qwen2_7b_dir), "parallel.activation_checkpointing=true"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "peak 69.19 GiB per GPU (policy update)" in out and ": fits" in out
+
+
+def test_unreadable_model_config_is_one_clear_line(tmp_path, capsys):
+    rc = main(["plan", "--config", "paper-7b", "--model-config", str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "missing" in err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="cannot read the model config of .*empty"):
+        read_model_shape(str(tmp_path / "empty"))
+
+
+def test_models_held_follow_the_config(shape_7b):
+    # PPO: a trained critic (value head h + 1 instead of the lm head) and its update phase.
+    _, plan = _plan(shape_7b, "algorithm.estimator=ppo")
+    rows = dict((item, b) for item, b, _ in plan.persistent)
+    critic = mem.model_params(shape_7b, "value")
+    assert critic == P - 152064 * 3584 + 3584 + 1
+    assert rows["critic: AdamW state (fp32, 2 moments)"] == 8 * critic / 8
+    assert "critic update" in plan.phases
+    # A frozen PRM is stored in the compute dtype, sharded, and has no update phase.
+    _, plan = _plan(shape_7b, "prm.update=frozen", "model.prm=some/prm")
+    rows = dict((item, b) for item, b, _ in plan.persistent)
+    assert rows["PRM: weights (bfloat16, frozen)"] == 2 * P / 8 and "PRM update" not in plan.phases
+    # Outcome-only RLOO: no PRM and no reference; vLLM reserves its default 0.9 of the GPU.
+    _, plan = _plan(shape_7b, "algorithm.reward_mode=outcome", "rollout.backend=vllm")
+    rows = dict((item, b) for item, b, _ in plan.persistent)
+    assert set(rows) == {"policy: parameters (fp32 master)", "policy: gradients (fp32)",
+                         "policy: AdamW state (fp32, 2 moments)", "rollout: vLLM reservation"}
+    assert rows["rollout: vLLM reservation"] == 0.9 * 80 * GIB
