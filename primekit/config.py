@@ -265,18 +265,6 @@ class TrainConfig:
 
 @_validated
 @dataclass
-class ParallelConfig:
-    """Memory switches for the sharded (torchrun) loop; see docs/scale_out.md."""
-
-    # Recompute each decoder layer's activations in the backward instead of keeping them.
-    activation_checkpointing: bool = False
-    # FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimiser state of the trained
-    # models live in host memory (needs torchrun and CUDA compute).
-    cpu_offload: bool = False
-
-
-@_validated
-@dataclass
 class EvalConfig:
     num_problems: NonNegative = 200
     k: Positive = 4  # samples per problem for avg@k / pass@k
@@ -382,7 +370,6 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     orm: ORMTrainConfig = field(default_factory=ORMTrainConfig)
