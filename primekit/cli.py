@@ -1,4 +1,5 @@
-"""The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check.
+"""The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check, sim,
+dashboard, heatmap, rerank.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
 `tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`), given
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     from primekit.reward_models.cli import add_subcommands
 
     add_subcommands(sub)  # train-orm, train-prm, hack-check
+    from primekit.viz.cli import add_subcommands as add_viz_subcommands
+
+    add_viz_subcommands(sub)  # sim, dashboard, heatmap, rerank
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
@@ -57,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         from primekit.reward_models.cli import dispatch
 
         if dispatch(args):
+            return 0
+        from primekit.viz.cli import dispatch as dispatch_viz
+
+        if dispatch_viz(args):
             return 0
         if args.command == "demo":
             from primekit.demo import run_demo
