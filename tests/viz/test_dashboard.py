@@ -11,7 +11,6 @@ import pytest
 from primekit.config import VizConfig
 from primekit.viz.dashboard import DashboardApp, RunFollower, derive
 from primekit.viz.server import start_in_thread
-
 from tests.viz.fixture_run import metric_row, write_run
 
 
