@@ -107,5 +107,6 @@ def serve(routes: Routes, port: int, open_browser: bool, what: str) -> None:
 def start_in_thread(routes: Routes, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
     """For tests: a server on a free port, serving in a daemon thread; returns it and its URL."""
     server = make_server(routes, port)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
