@@ -1,4 +1,5 @@
-"""The `primekit` command line: sft, train, eval, demo, train-orm, train-prm, hack-check, plan.
+"""The `primekit` command line: sft, train, eval, export, demo, train-orm, train-prm,
+hack-check, plan, sim, dashboard, heatmap, rerank.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
 `tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`), given
@@ -42,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=1024, help="longest prompt, tokens")
     p.add_argument("--model-config", default=None,
                    help="read the model's config here instead of model.policy (dir or json)")
+    from primekit.viz.cli import add_subcommands as add_viz_subcommands
+
+    add_viz_subcommands(sub)  # sim, dashboard, heatmap, rerank
+    p = sub.add_parser("export", help="a checkpoint's models as plain Hugging Face directories")
+    p.add_argument("run_dir", help="the run directory (its checkpoints/ are read)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--out", default=None, help="output dir (default: RUN_DIR/export/step_N)")
+    p.add_argument("--models", nargs="*", default=None, help="names (default: all, e.g. policy prm)")
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
@@ -65,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         from primekit.reward_models.cli import dispatch
 
         if dispatch(args):
+            return 0
+        from primekit.viz.cli import dispatch as dispatch_viz
+
+        if dispatch_viz(args):
+            return 0
+        if args.command == "export":
+            _export(args)
             return 0
         if args.command == "demo":
             from primekit.demo import run_demo
@@ -114,3 +130,18 @@ def _run_distributed_command(args, cfg) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _export(args) -> None:
+    from primekit.trainer import checkpoint as ckpt
+
+    run_dir = Path(args.run_dir)
+    path = (ckpt.latest_checkpoint(run_dir) if args.step is None
+            else ckpt.checkpoint_dir(run_dir, args.step))
+    if path is None or not path.is_dir():
+        which = "no complete checkpoint" if args.step is None else f"no checkpoint of step {args.step}"
+        raise FileNotFoundError(f"{which} under {run_dir / ckpt.CHECKPOINTS}")
+    out = Path(args.out) if args.out else run_dir / "export" / path.name
+    names = tuple(args.models) if args.models else None
+    for name, where in ckpt.export_checkpoint(path, out, names).items():
+        print(f"{name}: {where}")

@@ -357,6 +357,58 @@ class HackCheckConfig:
 
 @_validated
 @dataclass
+class SimConfig:
+    """`primekit sim`: the toy reward-hacking model (primekit/viz/sim.py, docs/viz.md). Its
+    numbers are the toy's own, not a real run's: beta here scales a log-ratio summed over
+    `steps_per_response` steps, so beta * steps_per_response plays the role of beta * T."""
+
+    beta: PositiveFloat = 0.5  # reward weight; also the PRM's own scale, as in PRIME
+    prm_lr: NonNegativeFloat = 0.2  # PRM update rate (step size of its CE update) when online
+    prm_mode: Literal["online", "frozen"] = "online"
+    policy_lr: PositiveFloat = 0.2
+    groups: Positive = 8  # prompts per step (B)
+    samples: Annotated[int, Field(ge=2)] = 4  # samples per prompt (K); RLOO needs two
+    steps_per_response: Positive = 10  # L: steps (tokens) of each solution path
+    # Share of the policy's probability the shortcut gets when it is injected.
+    inject_mass: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    seed: int = 0
+    # --map: the beta x prm_lr grid, seeds per cell and RL steps per run (shortcut injected at 0).
+    map_betas: list[PositiveFloat] = field(
+        default_factory=lambda: [0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5])
+    map_prm_lrs: list[NonNegativeFloat] = field(
+        default_factory=lambda: [0.0, 1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 1e-2, 3e-2])
+    map_seeds: Positive = 3
+    map_steps: Positive = 200
+    map_out: str = "runs/sim/danger-zone.png"
+
+
+@_validated
+@dataclass
+class VizConfig:
+    """The two lights (sim and dashboard), `primekit dashboard`, `heatmap` and `rerank`."""
+
+    # Lights: means over the last `window` steps. PRM light: green when PRM accuracy >= prm_ok,
+    # amber >= prm_warn, else red. Gap light: reported reward minus verifier accuracy; green
+    # below gap_warn, amber below gap_bad, red ("Reward hacking") from gap_bad.
+    window: Positive = 10
+    prm_ok: UnitInterval = 0.8
+    prm_warn: UnitInterval = 0.6
+    gap_warn: UnitInterval = 0.15
+    gap_bad: UnitInterval = 0.3
+    port: NonNegative = 8765  # 0 = any free port
+    samples_per_step: NonNegative = 8  # responses the trainer writes to samples.jsonl per step
+    out_dir: str = "runs/viz"  # heatmap and rerank outputs
+    num_problems: Positive = 16  # held-out problems for heatmap and rerank
+    heatmap_samples: Positive = 2  # responses per problem on the heatmap
+    temperature: NonNegativeFloat = 1.0  # sampling temperature of heatmap and rerank
+    # Random subsets of size N drawn (per problem) from the largest N's samples, per N < max.
+    rerank_draws: Positive = 32
+    rerank_ns: list[Positive] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    seed: int = 0
+
+
+@_validated
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -375,6 +427,8 @@ class Config:
     orm: ORMTrainConfig = field(default_factory=ORMTrainConfig)
     step_prm: StepPRMTrainConfig = field(default_factory=StepPRMTrainConfig)
     hack_check: HackCheckConfig = field(default_factory=HackCheckConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    viz: VizConfig = field(default_factory=VizConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

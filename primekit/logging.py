@@ -93,6 +93,22 @@ def _drop_steps_after(path: Path, step: int) -> None:
 SINKS = ("tensorboard", "wandb")
 
 
+SAMPLES = "samples.jsonl"
+
+
+def append_samples(run_dir: Path, step: int, rows: list[dict[str, Any]]) -> None:
+    """Append a step's sampled responses to `run_dir/samples.jsonl` (main rank only).
+
+    One JSON object per response: {"step", "prompt", "response", "score", "status", "tokens"
+    (each response token decoded alone), "token_rewards" (the dense reward of each token, or
+    null without one)}; `primekit dashboard` shows the latest step's (docs/viz.md).
+    """
+    if not rows or not is_main():
+        return
+    with open(Path(run_dir) / SAMPLES, "a") as f:
+        for row in rows:
+            f.write(json.dumps({"step": step, **row}) + "\n")
+
 class MetricLogger:
     """Write scalar metrics to `run_dir/metrics.jsonl`, and to TensorBoard and wandb if asked.
 

@@ -37,6 +37,9 @@ LAYERS: dict[str, int] = {
     "primekit.demo": 3,
     "primekit.factory": 3,
     "primekit.plan": 3,
+    # The pages and plots (sim, dashboard, heatmap, rerank): may use anything below; nothing
+    # below imports them.
+    "primekit.viz": 3,
 }
 
 # Units held to less than their layer allows: the algorithms are pure tensor math on batches.

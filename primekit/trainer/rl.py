@@ -45,7 +45,7 @@ from primekit.algorithms import (
 from primekit.config import Config, ConfigError
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
-from primekit.logging import MetricLogger, MetricSums, Progress, console, timed
+from primekit.logging import MetricLogger, MetricSums, Progress, append_samples, console, timed
 from primekit.models.logprobs import (
     batch_logprobs,
     batch_values,
@@ -110,6 +110,7 @@ class RLTrainer:
         self.history: list[dict[str, float]] = []
         self.resumed_from: Path | None = None
         self._warned_unfilled = False
+        self.last_experience: Experience | None = None  # the last update's batch (samples)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, float]]:
@@ -128,6 +129,7 @@ class RLTrainer:
                         metrics.update(self.evaluate())
                     metrics = dist.reduce_metrics(metrics)
                     logger.log(metrics, step=self.step)
+                    append_samples(Path(cfg.run_dir), self.step, self.sample_rows())
                     self.history.append(metrics)
                     progress.update(advance=1, acc=metrics["reward/outcome_mean_sampled"],
                                     prm_acc=metrics.get("prm/acc_pairwise", "-"))
@@ -176,6 +178,7 @@ class RLTrainer:
         with timed(timing, "weight_sync"):
             self.engine.sync_weights(self.policy)
         metrics.update(self.batch_metrics(exp))
+        self.last_experience = exp
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
         metrics["throughput/update_tokens_per_s"] = exp.response_mask.sum() / timing["policy_update"]
@@ -401,6 +404,24 @@ class RLTrainer:
         # An undefined correlation (constant rewards) is left out, as other undefined metrics are.
         metrics.update({k: v for k, v in hack.items() if math.isfinite(v)})
         return metrics
+
+    def sample_rows(self) -> list[dict]:
+        """The first `viz.samples_per_step` responses of the last update's batch, for
+        samples.jsonl (logging.append_samples); [] after a skipped step."""
+        exp, n = self.last_experience, self.cfg.viz.samples_per_step
+        self.last_experience = None
+        if exp is None or n == 0:
+            return []
+        rows = []
+        for i in range(min(n, len(exp))):
+            ids = exp.batch.response_ids[i][exp.batch.response_mask[i].bool()].tolist()
+            rewards = None if exp.token_rewards is None else (
+                exp.token_rewards[i][exp.batch.response_mask[i].bool()].tolist())
+            rows.append({"prompt": exp.problems[i].prompt, "response": exp.batch.responses[i],
+                         "score": exp.verdicts[i].score, "status": exp.verdicts[i].status,
+                         "tokens": [self.tokenizer.decode([t]) for t in ids],
+                         "token_rewards": rewards})
+        return rows
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self) -> dict[str, float]:

@@ -1,0 +1,139 @@
+"""`primekit dashboard RUN_DIR [RUN_DIR ...]`: follow runs' metrics.jsonl and samples.jsonl live.
+
+Reads only what the trainer writes (docs/metrics.md; samples.jsonl: primekit.logging.
+append_samples), incrementally: each poll parses the lines appended since the last one. Besides
+the logged metrics, each row gets three derived keys the page and the lights use:
+  derived/verifier_acc  reward/outcome_mean, the verifier's mean score on the trained batch;
+  derived/reported      what the dense reward claims about the same batch: for PRIME,
+                        sigmoid(reward/implicit_seq_mean), the PRM's cross-entropy prediction of
+                        success at the batch's mean implicit return (an approximation of the mean
+                        prediction: sigmoid of a mean, not a mean of sigmoids); for an explicit
+                        ORM, explicit/orm_score_mean; absent otherwise;
+  derived/gap           derived/reported - derived/verifier_acc (the gap light's input);
+  derived/prm_acc       prm/acc_pairwise, else prm/acc_abs (the PRM light's input).
+The lights use the last `viz.window` rows that have these values (primekit/viz/lights.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from primekit.config import VizConfig
+from primekit.logging import SAMPLES
+from primekit.viz.heatmap import auto_scale, response_html
+from primekit.viz.lights import gap_light, prm_light, thresholds
+from primekit.viz.server import Routes, page
+
+METRICS = "metrics.jsonl"
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)  # "nan" / "inf" strings read back as floats
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def derive(row: dict) -> dict:
+    """The row with the derived/ keys added (see the module docstring)."""
+    out = dict(row)
+    acc = _num(row.get("reward/outcome_mean"))
+    reported = None
+    if _num(row.get("reward/implicit_seq_mean")) is not None:
+        reported = 1 / (1 + math.exp(-_num(row["reward/implicit_seq_mean"])))
+    elif _num(row.get("explicit/orm_score_mean")) is not None:
+        reported = _num(row["explicit/orm_score_mean"])
+    if acc is not None:
+        out["derived/verifier_acc"] = acc
+    if reported is not None:
+        out["derived/reported"] = reported
+        if acc is not None:
+            out["derived/gap"] = reported - acc
+    prm = _num(row.get("prm/acc_pairwise"))
+    prm = prm if prm is not None else _num(row.get("prm/acc_abs"))
+    if prm is not None:
+        out["derived/prm_acc"] = prm
+    return out
+
+
+def _read_new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    """Complete JSON lines of `path` from byte `offset`; the new offset (a partial last line
+    waits for its newline)."""
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end
+
+
+class RunFollower:
+    """One run directory: its metric rows so far and its latest step's samples."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.rows: list[dict] = []
+        self.samples: list[dict] = []
+        self._metrics_offset = self._samples_offset = 0
+
+    def poll(self) -> None:
+        new, self._metrics_offset = _read_new_lines(self.run_dir / METRICS, self._metrics_offset)
+        self.rows += [derive(r) for r in new]
+        new, self._samples_offset = _read_new_lines(self.run_dir / SAMPLES, self._samples_offset)
+        for s in new:  # keep the latest step's rows, which may arrive over two polls
+            if self.samples and s["step"] == self.samples[-1]["step"]:
+                self.samples.append(s)
+            else:
+                self.samples = [s]
+
+    def lights(self, viz: VizConfig) -> dict:
+        prm = [r["derived/prm_acc"] for r in self.rows if "derived/prm_acc" in r]
+        gap = [r["derived/gap"] for r in self.rows if "derived/gap" in r]
+        return {"prm": prm_light(prm, viz), "gap": gap_light(gap, viz)}
+
+    def samples_html(self) -> list[str]:
+        rows = [{"prompt": s["prompt"], "tokens": s["tokens"],
+                 "rewards": s["token_rewards"] or [0.0] * len(s["tokens"]),
+                 "sum": sum(s["token_rewards"] or []), "score": s["score"],
+                 "status": s["status"]} for s in self.samples]
+        scale = auto_scale(rows)
+        return [response_html(r, scale) for r in rows]
+
+
+class DashboardApp:
+    def __init__(self, run_dirs: list[Path], viz: VizConfig) -> None:
+        missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"run directory not found: {', '.join(missing)}")
+        self.runs = [RunFollower(Path(d)) for d in run_dirs]
+        self.viz = viz
+
+    def run_state(self, i: int, since: int) -> dict:
+        if not 0 <= i < len(self.runs):
+            raise ValueError(f"run index {i} out of range [0, {len(self.runs)})")
+        run = self.runs[i]
+        run.poll()
+        return {"i": i, "name": str(run.run_dir), "since": since, "n": len(run.rows),
+                "rows": run.rows[since:], "lights": run.lights(self.viz),
+                "samples_step": run.samples[0]["step"] if run.samples else None,
+                "samples": run.samples_html()}
+
+    def routes(self) -> Routes:
+        return {
+            ("GET", "/"): page("dashboard.html"),
+            ("GET", "/api/runs"): lambda p: {"runs": [str(r.run_dir) for r in self.runs],
+                                             "thresholds": thresholds(self.viz)},
+            ("GET", "/api/run"): lambda p: self.run_state(int(p.get("i", 0)),
+                                                          max(0, int(p.get("since", 0)))),
+        }
+
+
+def run_dashboard(run_dirs: list[Path], viz: VizConfig, *, port: int, open_browser: bool) -> None:
+    from primekit.viz.server import serve
+
+    serve(DashboardApp(run_dirs, viz).routes(), port, open_browser, "dashboard")

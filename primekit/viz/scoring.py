@@ -1,0 +1,87 @@
+"""Sample responses from a policy and score every token with the implicit PRM (heatmap, rerank).
+
+The token reward is PRIME's implicit reward (Eq. 3), computed with the project's own functions:
+`batch_logprobs` (primekit.models.logprobs) for log pi_prm and log pi_ref over the same
+micro-batches, then `implicit_token_rewards` (primekit.algorithms.implicit_prm),
+    r_t = beta * (log pi_prm(y_t | y_<t) - log pi_ref(y_t | y_<t)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from primekit.config import Config
+
+
+@dataclass
+class Scored:
+    """N = P problems x K samples, rows grouped by problem (problem p: rows p*K .. p*K+K-1)."""
+
+    problems: list  # [N] Problem
+    responses: list[str]  # [N]
+    tokens: list[list[str]]  # [N][T_i] each valid response token, decoded alone
+    scores: torch.Tensor  # [N] verifier outcome in [0, 1]
+    statuses: list[str]  # [N] verdict status
+    token_rewards: torch.Tensor  # [N, T], 0 off the mask
+    response_mask: torch.Tensor  # [N, T]
+    k: int
+    beta: float
+
+
+def decode_tokens(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor,
+                  ) -> list[list[str]]:
+    """Each valid token of each row decoded on its own (special tokens shown by name)."""
+    out = []
+    for ids, mask in zip(response_ids.tolist(), response_mask.bool().tolist()):
+        valid = [i for i, m in zip(ids, mask) if m]
+        out.append([tokenizer.decode([i]) for i in valid])
+    return out
+
+
+def token_rewards_for(prm, ref, batch, beta: float, micro_batch_size: int) -> torch.Tensor:
+    """Implicit token rewards [N, T] of `batch`'s responses (PRIME Eq. 3)."""
+    from primekit.algorithms.implicit_prm import implicit_token_rewards
+    from primekit.models.logprobs import batch_logprobs
+
+    prm_lp = batch_logprobs(prm, batch, micro_batch_size)  # [N, T]
+    ref_lp = batch_logprobs(ref, batch, micro_batch_size)  # [N, T]
+    return implicit_token_rewards(prm_lp, ref_lp, batch.response_mask.float(), beta)
+
+
+def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_problems: int,
+                     k: int, temperature: float, seed: int) -> Scored:
+    """K samples of `model` on the first `num_problems` held-out problems, verified and scored
+    token by token by the implicit PRM `prm` against `ref` (default: `model`)."""
+    from primekit.data.splits import encode_prompts, load_splits, verifier_task
+    from primekit.models.hf import check_model_path, load_model, load_tokenizer
+    from primekit.rollout.base import SamplingParams
+    from primekit.rollout.hf import HFRolloutEngine
+    from primekit.runtime import model_dtype, resolve_device, set_threads
+    from primekit.verifiers import build_verifier
+
+    set_threads(cfg.train.threads)
+    ref = ref or model
+    for path, field in ((model, "--model"), (prm, "--prm"), (ref, "--ref")):
+        check_model_path(path, field)
+    device = str(resolve_device(cfg.train.device))
+    dtype = model_dtype(cfg.model.dtype)
+    tokenizer = load_tokenizer(model)
+    policy, prm_model, ref_model = (load_model(p, dtype=dtype, device=device).eval()
+                                    for p in (model, prm, ref))
+    _, heldout = load_splits(cfg)
+    problems = [p for p in heldout[:num_problems] for _ in range(k)]  # [N]
+    prompt_ids = encode_prompts(tokenizer, problems, cfg)
+    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    params = SamplingParams(temperature=temperature, max_new_tokens=cfg.rollout.max_new_tokens)
+    batch = engine.generate(prompt_ids, params, torch.Generator().manual_seed(seed))
+    verdicts = build_verifier(verifier_task(cfg), cfg.verifier).verify_batch(batch.responses,
+                                                                            problems)
+    rewards = token_rewards_for(prm_model, ref_model, batch, cfg.prm.beta,
+                                cfg.prm.micro_batch_size)
+    return Scored(problems=problems, responses=batch.responses,
+                  tokens=decode_tokens(tokenizer, batch.response_ids, batch.response_mask),
+                  scores=torch.tensor([v.score for v in verdicts]),
+                  statuses=[v.status for v in verdicts], token_rewards=rewards,
+                  response_mask=batch.response_mask.float(), k=k, beta=cfg.prm.beta)
