@@ -57,7 +57,8 @@ def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
     """Rates of each status and the mean score over a batch (all 0.0 for an empty batch).
 
     Returns:
-        {"verify/error_rate", "verify/timeout_rate", "verify/correct_rate", "verify/mean_score"}
+        {"verify/error_rate", "verify/timeout_rate", "verify/correct_rate", "verify/mean_score",
+         "verify/retries"}; retries is a count (items re-sent because their worker died).
     """
     n = len(verdicts)
     if n == 0:
@@ -66,12 +67,14 @@ def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
             "verify/timeout_rate": 0.0,
             "verify/correct_rate": 0.0,
             "verify/mean_score": 0.0,
+            "verify/retries": 0.0,
         }
     return {
         "verify/error_rate": sum(v.status == "error" for v in verdicts) / n,
         "verify/timeout_rate": sum(v.status == "timeout" for v in verdicts) / n,
         "verify/correct_rate": sum(v.status == "correct" for v in verdicts) / n,
         "verify/mean_score": sum(v.score for v in verdicts) / n,
+        "verify/retries": float(sum(v.retries for v in verdicts)),
     }
 
 

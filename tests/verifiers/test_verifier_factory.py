@@ -74,6 +74,12 @@ def test_verdict_stats_hand_computed():
             "verify/timeout_rate": 0.2,
             "verify/correct_rate": 0.2,
             "verify/mean_score": 0.35,
+            "verify/retries": 0.0,
         }
     )
+    # retries is a count over the batch: 2 + 1 = 3
+    retried = [Verdict(1.0, "correct", retries=2), Verdict(0.0, "incorrect", retries=1)]
+    assert verdict_stats(retried)["verify/retries"] == 3.0
+    with pytest.raises(ValueError, match="retries"):
+        Verdict(1.0, "correct", retries=-1)
     assert verdict_stats([])["verify/mean_score"] == 0.0
