@@ -1,11 +1,13 @@
 """Outcome verifiers: every one returns a `Verdict`, never raises, never blocks past its limit.
 
 `build_verifier(task, limits)` picks one by `Problem.task`, with the time, memory and worker limits
-of the config's verifier section; `verdict_stats` summarises a batch.
+of the config's verifier section ("mixed": each problem graded by the verifier of its own task);
+`verdict_stats` summarises a batch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from primekit.config import VerifierConfig
@@ -34,16 +36,31 @@ def _arithmetic(limits: VerifierConfig) -> Verifier:
     return ArithmeticVerifier()  # exact match: no time, memory or workers to limit
 
 
+def _one_task(task: str, limits: VerifierConfig) -> Verifier:
+    if task == "mixed":
+        raise ValueError("a problem's task must be a single task, not 'mixed'")
+    return build_verifier(task, limits)
+
+
+def _mixed(limits: VerifierConfig) -> Verifier:
+    # Lazy like _arithmetic; the builder is a partial of module functions so the verifier pickles.
+    from primekit.verifiers.mixed import MixedVerifier
+
+    return MixedVerifier(functools.partial(_one_task, limits=limits))
+
+
 VERIFIERS: dict[str, Callable[[VerifierConfig], Verifier]] = {
     "math": _math,
     "code": _code,
     "arithmetic": _arithmetic,
+    "mixed": _mixed,
 }
 
 
 def build_verifier(task: str, limits: VerifierConfig | None = None) -> Verifier:
-    """The verifier for `task` ("math", "code" or "arithmetic") with the limits of `limits`
-    (the config's verifier section; None: its defaults).
+    """The verifier for `task` ("math", "code", "arithmetic", or "mixed": each problem by the
+    verifier of its own `Problem.task`) with the limits of `limits` (the config's verifier
+    section; None: its defaults).
 
     Raises:
         ValueError if `task` is not one of VERIFIERS.
