@@ -46,8 +46,22 @@ def test_build_verifier_arithmetic():
     assert verifier.verify("3+4=7\nA:7", problem) == Verdict.correct()
 
 
+def test_build_verifier_mixed_builds_each_task_with_the_config_limits():
+    from primekit.verifiers.mixed import MixedVerifier
+
+    limits = load_config(None, ["verifier.math_timeout_s=3", "verifier.code_memory_mb=300"]).verifier
+    verifier = build_verifier("mixed", limits)
+    assert isinstance(verifier, MixedVerifier) and verifier._verifiers == {}  # built on use
+    assert verifier.verifier("math").timeout_s == 3.0
+    assert verifier.verifier("code").limits.memory_mb == 300
+    assert "single task, not 'mixed'" in verifier.verifier("mixed")
+    v = verifier.verify("3+4=7\nA:7", Problem(id="p", prompt="3+4=", task="arithmetic", answer="7"))
+    assert v == Verdict.correct()
+    verifier.close()
+
+
 def test_unknown_task_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math'\]"):
+    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math', 'mixed'\]"):
         build_verifier("poetry")
 
 
