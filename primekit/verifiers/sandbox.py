@@ -5,7 +5,9 @@ Host side. For each program: a fresh temporary directory, then
 in its own session with a scrubbed environment. The runner (PID 1 of the new PID namespace)
 makes the filesystem read-only, hides /root and /home, mounts size-capped tmpfs on /tmp,
 /var/tmp, /dev/shm and the working directory, and runs each test in a child that drops to a
-random unused uid under rlimits (see sandbox_runner.py for how a pass is proven). The host kills
+random unused uid under rlimits (see sandbox_runner.py for how a pass is proven; for the
+stdin/stdout and function-call forms only the inputs go in, and `run_program` compares the
+outputs that come back with the expected ones here, in the grader's process). The host kills
 the session at `timeout_s` plus a small grace; the kernel then kills every process in the PID
 namespace, setsid'd daemons included. Exactly what is and is not guaranteed: docs/verifiers.md.
 
