@@ -1,11 +1,15 @@
-"""Verifier throughput: 1,000 math verdicts, and the 164 HumanEval canonical solutions sandboxed.
+"""Verifier throughput: 1,000 math verdicts, the 164 HumanEval canonical solutions sandboxed, and
+a mixed batch (64 math + 16 code, the paper's kind of data) graded per row.
 
 Usage: python benchmarks/verifiers.py [--math-workers 2] [--code-workers 2] [--n-math 1000]
+       [--parts math,code,mixed]
 
 Math responses are a fixed, seeded mix of the forms the golden tests cover (fractions, decimals,
 LaTeX, percentages, intervals, sets, expressions; right and wrong). Worker start-up is timed
 separately from grading. Code: the canonical solutions run in the sandbox, `--code-workers`
-at a time, each in its own namespaces.
+at a time, each in its own namespaces. Mixed: 64 math responses and 16 code responses (8
+stdin/stdout programs and 8 functions, 5 tests each, a quarter of them wrong on one test) in one
+batch through `build_verifier("mixed")`, against the same items graded one task after the other.
 """
 
 from __future__ import annotations
@@ -104,6 +108,53 @@ def bench_code(limits: VerifierConfig) -> None:
     )
 
 
+def code_items(n: int) -> tuple[list[str], list[Problem]]:
+    """n code responses: half stdin/stdout, half function calls, 5 tests each; every 4th is wrong
+    when the numbers sum to more than 20 (so it fails some tests: partial credit)."""
+    responses, problems = [], []
+    for i in range(n):
+        lists = [[j, j + i, 2 * j + 1] for j in range(5)]
+        wrong = " + (s > 20)" if i % 4 == 3 else ""
+        if i % 2 == 0:
+            tests = {"inputs": [" ".join(map(str, xs)) + "\n" for xs in lists],
+                     "outputs": [f"{sum(xs)}\n" for xs in lists]}
+            code = f"xs = list(map(int, input().split()))\ns = sum(xs)\nprint(s{wrong})\n"
+        else:
+            tests = {"fn_name": "total", "inputs": [[xs] for xs in lists],
+                     "outputs": [sum(xs) for xs in lists]}
+            code = f"def total(xs):\n    s = sum(xs)\n    return s{wrong}\n"
+        responses.append(f"```python\n{code}```")
+        problems.append(Problem(id=f"c{i}", prompt="", task="code", tests=tests))
+    return responses, problems
+
+
+def bench_mixed(n_math: int, n_code: int, limits: VerifierConfig) -> None:
+    m_resp, m_probs = math_items(n_math)
+    c_resp, c_probs = code_items(n_code)
+    with build_verifier("mixed", limits) as mixed:
+        t0 = time.perf_counter()
+        mixed.verifier("math").warm_up()
+        start_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        verdicts = mixed.verify_batch(m_resp + c_resp, m_probs + c_probs)
+        wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        mixed.verifier("math").verify_batch(m_resp, m_probs)
+        math_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        mixed.verifier("code").verify_batch(c_resp, c_probs)
+        code_s = time.perf_counter() - t0
+    n = n_math + n_code
+    code_scores = [v.score for v in verdicts[n_math:]]
+    print(
+        f"mixed: {n_math} math + {n_code} code in one batch: {wall:.2f} s = {n / wall:.1f}/s "
+        f"(+{start_s:.2f} s math worker start-up); one task after the other: math {math_s:.2f} s "
+        f"+ code {code_s:.2f} s = {math_s + code_s:.2f} s; code mean score "
+        f"{sum(code_scores) / len(code_scores):.3f}, error_rate "
+        f"{verdict_stats(verdicts)['verify/error_rate']:.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-math", type=int, default=1000)
@@ -111,11 +162,18 @@ def main() -> None:
     # time and memory limits.
     parser.add_argument("--math-workers", type=int, default=VerifierConfig.math_workers)
     parser.add_argument("--code-workers", type=int, default=VerifierConfig.code_workers)
+    parser.add_argument("--parts", default="math,code,mixed",
+                        help="comma-separated subset of math, code, mixed")
     args = parser.parse_args()
     limits = VerifierConfig(math_workers=args.math_workers, code_workers=args.code_workers)
+    parts = set(args.parts.split(","))
     print(f"cpus: {os.cpu_count()}")
-    bench_math(args.n_math, limits)
-    bench_code(limits)
+    if "math" in parts:
+        bench_math(args.n_math, limits)
+    if "code" in parts:
+        bench_code(limits)
+    if "mixed" in parts:
+        bench_mixed(64, 16, limits)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ class ModelConfig:
 class DataConfig:
     # "arithmetic": procedural, generated from the seed; "file": train_path / eval_path.
     source: Literal["arithmetic", "file"] = "arithmetic"
-    # Verifier for file data; the procedural source always uses the arithmetic verifier.
-    task: Literal["math", "code", "arithmetic"] = "math"
+    # Task of file rows that name none (null: "code" for a row with tests, else "math"). A row's
+    # own "task" wins and each row is graded by its task's verifier, so a file may mix math and
+    # code. The procedural source is always arithmetic.
+    task: Literal["math", "code", "arithmetic"] | None = None
     train_path: str | None = None
     eval_path: str | None = None
     num_train: Positive = 20000

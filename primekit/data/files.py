@@ -9,6 +9,14 @@ Row schema (one JSON object per line, or one parquet row):
     task      str, optional (default: the `task` argument, else "code" with tests, "math" without)
 Other fields are kept in Problem.meta, plus meta["location"] = "<file name> line <n>" (parquet:
 "row <n>") unless the row has its own "location" field.
+
+Rows in the schema of the PRIME paper's RL data (Eurus-2-RL-Data) are read too: `prompt` a list of
+{"role", "content"} messages (system messages, then one user message), `ability` "math" or
+"code", `reward_model` {"ground_truth", "style"}, with the ground truth the final answer (math) or
+a JSON string of test cases {"inputs": [...], "outputs": [...]} (code; plus "fn_name" for
+function-call tests). The user message becomes the prompt, `ability` the task; the system
+message (the paper's action-format instruction) is kept in meta["system_prompt"] and is not
+rendered: set `model.system_prompt` to it to train as the paper did.
 """
 
 from __future__ import annotations
@@ -40,10 +48,68 @@ def _to_python(value: Any) -> Any:
     return value
 
 
+def _to_python_deep(value: Any) -> Any:
+    value = _to_python(value)
+    if isinstance(value, dict):
+        return {k: _to_python_deep(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_python_deep(v) for v in value]
+    return value
+
+
+EURUS_TASKS = ("math", "code")
+
+
+def _from_eurus(row: dict, where: str) -> dict:
+    """A row of the Eurus-2-RL-Data schema as a row of primekit's own schema."""
+    messages = row.get("prompt")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise DatasetError(f"{where}: field 'prompt' must be a list of {{role, content}} messages")
+    roles = [m.get("role") for m in messages]
+    if roles.count("user") != 1 or roles[-1] != "user" or set(roles) - {"system", "user"}:
+        raise DatasetError(
+            f"{where}: field 'prompt' must be system messages then one user message, got roles "
+            f"{roles}"
+        )
+    ability = row.get("ability")
+    if ability not in EURUS_TASKS:
+        raise DatasetError(f"{where}: field 'ability' must be one of {EURUS_TASKS}, got {ability!r}")
+    truth = row["reward_model"].get("ground_truth")
+    out = {k: v for k, v in row.items() if k not in ("prompt", "ability", "reward_model")}
+    out.update(prompt=messages[-1]["content"], task=ability,
+               reward_style=row["reward_model"].get("style"))
+    system = "\n\n".join(m["content"] for m in messages[:-1])
+    if system:
+        out["system_prompt"] = system
+    if ability == "math":
+        out["answer"] = truth
+        return out
+    if isinstance(truth, str):
+        try:
+            truth = json.loads(truth)
+        except json.JSONDecodeError as err:
+            raise DatasetError(
+                f"{where}: field 'reward_model.ground_truth' of a code row must be JSON test "
+                f"cases: {err.msg}"
+            ) from err
+    if not (isinstance(truth, dict) and isinstance(truth.get("inputs"), list)
+            and isinstance(truth.get("outputs"), list)):
+        raise DatasetError(
+            f"{where}: field 'reward_model.ground_truth' of a code row must hold lists 'inputs' "
+            f"and 'outputs', got {_type_name(truth)}"
+        )
+    out["tests"] = truth
+    return out
+
+
 def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> Problem:
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: a row must be a JSON object, got {_type_name(row)}")
     row = {k: _to_python(v) for k, v in row.items()}
+    if isinstance(row.get("reward_model"), dict) and "ability" in row:
+        row = _from_eurus(_to_python_deep(row), where)
     prompt = row.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         got = "missing" if "prompt" not in row else f"got {_type_name(prompt)}"

@@ -59,6 +59,7 @@ from primekit.trainer import checkpoint as ckpt
 from primekit.trainer.eval import evaluate
 from primekit.trainer.experience import Experience, PromptSampler, TokenRewarder
 from primekit.verifiers import Verifier, verdict_stats
+from primekit.verifiers.mixed import mean_by_task
 
 
 def per_rank(size: int, name: str) -> int:
@@ -99,6 +100,7 @@ class RLTrainer:
         self.critic_opt = (torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
                            if critic is not None else None)
         self.train_problems, self.eval_problems = train_problems, eval_problems
+        self.mixed_tasks = len({p.task for p in train_problems}) > 1  # per-task reward metrics
         self.train_prompt_ids = encode_prompts(tokenizer, train_problems, cfg)
         self.eval_prompt_ids = encode_prompts(tokenizer, eval_problems, cfg)
         self.sampler = PromptSampler(len(train_problems), cfg.data.seed, dist.rank(),
@@ -242,6 +244,9 @@ class RLTrainer:
             group_ids=torch.arange(groups_kept).repeat_interleave(K),  # [N]
             outcome_rewards=torch.tensor([v.score for v in verdicts], dtype=torch.float32))
         metrics["reward/outcome_mean"] = exp.outcome_rewards.mean()
+        if self.mixed_tasks:  # reward/outcome_mean/math, reward/outcome_mean/code, ...
+            metrics.update({f"reward/outcome_mean/{task}": mean for task, mean in
+                            mean_by_task(exp.problems, exp.outcome_rewards.tolist()).items()})
         return exp, metrics
 
     def rollout_round(self, n_prompts: int, timing: dict[str, float],

@@ -1,11 +1,13 @@
 """Outcome verifiers: every one returns a `Verdict`, never raises, never blocks past its limit.
 
 `build_verifier(task, limits)` picks one by `Problem.task`, with the time, memory and worker limits
-of the config's verifier section; `verdict_stats` summarises a batch.
+of the config's verifier section ("mixed": each problem graded by the verifier of its own task);
+`verdict_stats` summarises a batch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from primekit.config import VerifierConfig
@@ -34,16 +36,31 @@ def _arithmetic(limits: VerifierConfig) -> Verifier:
     return ArithmeticVerifier()  # exact match: no time, memory or workers to limit
 
 
+def _one_task(task: str, limits: VerifierConfig) -> Verifier:
+    if task == "mixed":
+        raise ValueError("a problem's task must be a single task, not 'mixed'")
+    return build_verifier(task, limits)
+
+
+def _mixed(limits: VerifierConfig) -> Verifier:
+    # Lazy like _arithmetic; the builder is a partial of module functions so the verifier pickles.
+    from primekit.verifiers.mixed import MixedVerifier
+
+    return MixedVerifier(functools.partial(_one_task, limits=limits))
+
+
 VERIFIERS: dict[str, Callable[[VerifierConfig], Verifier]] = {
     "math": _math,
     "code": _code,
     "arithmetic": _arithmetic,
+    "mixed": _mixed,
 }
 
 
 def build_verifier(task: str, limits: VerifierConfig | None = None) -> Verifier:
-    """The verifier for `task` ("math", "code" or "arithmetic") with the limits of `limits`
-    (the config's verifier section; None: its defaults).
+    """The verifier for `task` ("math", "code", "arithmetic", or "mixed": each problem by the
+    verifier of its own `Problem.task`) with the limits of `limits` (the config's verifier
+    section; None: its defaults).
 
     Raises:
         ValueError if `task` is not one of VERIFIERS.
@@ -57,7 +74,8 @@ def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
     """Rates of each status and the mean score over a batch (all 0.0 for an empty batch).
 
     Returns:
-        {"verify/error_rate", "verify/timeout_rate", "verify/correct_rate", "verify/mean_score"}
+        {"verify/error_rate", "verify/timeout_rate", "verify/correct_rate", "verify/mean_score",
+         "verify/retries"}; retries is a count (items re-sent because their worker died).
     """
     n = len(verdicts)
     if n == 0:
@@ -66,12 +84,14 @@ def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
             "verify/timeout_rate": 0.0,
             "verify/correct_rate": 0.0,
             "verify/mean_score": 0.0,
+            "verify/retries": 0.0,
         }
     return {
         "verify/error_rate": sum(v.status == "error" for v in verdicts) / n,
         "verify/timeout_rate": sum(v.status == "timeout" for v in verdicts) / n,
         "verify/correct_rate": sum(v.status == "correct" for v in verdicts) / n,
         "verify/mean_score": sum(v.score for v in verdicts) / n,
+        "verify/retries": float(sum(v.retries for v in verdicts)),
     }
 
 

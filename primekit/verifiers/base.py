@@ -18,15 +18,20 @@ class Verdict:
     status: "correct" (score == 1), "incorrect" (checked, not fully right), "error" (the checker
         or the program failed; `reason` says how) or "timeout" (a time limit was hit).
     reason: a short human-readable explanation, empty for plain correct/incorrect.
+    retries: how many times grading was restarted on a fresh worker because the one grading it
+        died (not a time-out); the verdict is still that of a complete grading.
     """
 
     score: float
     status: Status
     reason: str = ""
+    retries: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.score <= 1.0:
             raise ValueError(f"Verdict.score must lie in [0, 1], got {self.score}")
+        if self.retries < 0:
+            raise ValueError(f"Verdict.retries must be >= 0, got {self.retries}")
 
     @classmethod
     def correct(cls) -> Verdict:

@@ -2,8 +2,12 @@
 
 Score = fraction of tests passed (soft labels for the PRM, as in the PRIME reference code).
 Test formats (`Problem.tests`): a list of assert-statement strings (each one test); a dict
-{"inputs": [...], "outputs": [...]} of stdin/stdout cases (each pair one test); or a dict
+{"inputs": [...], "outputs": [...]} of stdin/stdout cases (each pair one test); the same dict with
+"fn_name": "f" of function calls (inputs[i] is the argument list of call i, outputs[i] its
+expected return value; APPS/TACO call-based style); or a dict
 {"check": "<source defining check(candidate)>", "entry_point": "f"} (HumanEval; one test).
+For the stdin/stdout and function-call forms the expected outputs stay in this process: the
+sandbox only returns what the program produced (`outputs.judge` compares it here).
 """
 
 from __future__ import annotations
@@ -59,9 +63,18 @@ def normalize_tests(tests: Any) -> tuple[Mode, list[Any]]:
         return "check", [{"check": tests["check"], "entry_point": tests["entry_point"]}]
     if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
         inputs, outputs = tests["inputs"], tests["outputs"]
+        if not isinstance(inputs, list) or not isinstance(outputs, list):
+            raise ValueError("'inputs' and 'outputs' must be lists")
         if len(inputs) != len(outputs):
             raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs")
-        return "io", [[_as_text(i), _as_text(o)] for i, o in zip(inputs, outputs)]
+        fn_name = tests.get("fn_name")
+        if fn_name is None:
+            return "io", [[_as_text(i), _as_text(o)] for i, o in zip(inputs, outputs)]
+        if not isinstance(fn_name, str) or not fn_name.isidentifier():
+            raise ValueError(f"'fn_name' must be a Python identifier, got {fn_name!r}")
+        if not all(isinstance(args, list) for args in inputs):
+            raise ValueError("function-call 'inputs' must be lists of arguments")
+        return "call", [{"fn_name": fn_name, "args": a, "output": o} for a, o in zip(inputs, outputs)]
     raise ValueError(f"unsupported tests format: {type(tests).__name__} {str(tests)[:80]!r}")
 
 

@@ -15,6 +15,7 @@ stuck item is SIGKILLed with its worker and comes back as a "timeout" verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Sequence
@@ -271,9 +272,10 @@ class MathVerifier:
         try:
             outcomes = self.pool.map(items, self.timeout_s)
         except Exception as e:  # the pool itself broke: every pending item is an error
-            outcomes = [("error", f"grading pool failed: {type(e).__name__}: {e}")] * len(items)
-        for i, (status, value) in zip(where, outcomes):
-            verdicts[i] = _to_verdict(status, value, self.timeout_s)
+            outcomes = [("error", f"grading pool failed: {type(e).__name__}: {e}", 0)] * len(items)
+        for i, (status, value, retries) in zip(where, outcomes):
+            verdict = _to_verdict(status, value, self.timeout_s)
+            verdicts[i] = dataclasses.replace(verdict, retries=retries) if retries else verdict
         return [v if v is not None else Verdict.error("internal: not graded") for v in verdicts]
 
 

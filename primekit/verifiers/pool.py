@@ -11,6 +11,11 @@ worker, because it uses neither signals nor `multiprocessing.Process`.
 Workers are spawned from one long-lived thread of the pool so that `PR_SET_PDEATHSIG` (set by
 the worker) fires only when the pool's owner process dies, not when some short-lived caller
 thread exits. A worker also exits when its inbox pipe reaches EOF.
+
+A worker that died without being killed by the pool (while idle between calls, or while grading:
+OOM killer, a crash in C code, an operator's kill) costs no item its verdict: an item that could
+not be sent to it, or whose worker died before answering, is retried once on a fresh worker, and
+each item's outcome says how many retries it took.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-Outcome = tuple[str, Any]  # ("ok", value) | ("timeout", None) | ("error", "short reason")
+# (status, value, retries): ("ok", value, r) | ("timeout", None, r) | ("error", "short reason", r);
+# r is how many times the item was sent again because its worker died (0 or 1).
+Outcome = tuple[str, Any, int]
+MAX_RETRIES = 1
 
 _WORKER_BOOT = "from primekit.verifiers.pool import _worker_main; _worker_main()"
 
@@ -65,6 +73,9 @@ class DeadlinePool:
 
     `map(items, timeout_s)` returns one Outcome per item, in order. An item's clock starts when a
     ready worker receives it (worker start-up, up to `start_timeout_s`, is not charged to it).
+    An item whose worker turns out dead (the send fails, or the worker exits before answering,
+    without having overrun the item's deadline) is sent once more, with a fresh deadline, to a
+    fresh worker; so such an item may take up to twice `timeout_s`.
     Thread-safe: concurrent `map` calls each check out their own workers.
     """
 
@@ -170,33 +181,47 @@ class DeadlinePool:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         n = len(items)
-        results: list[Outcome | None] = [None] * n
+        results: list[tuple[str, Any] | None] = [None] * n
         if n == 0:
             return []
+        retries = [0] * n
         pool = self._checkout(min(self.workers, n))
         pending = deque(range(n))
         busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (item index, deadline)
+        broken: set[_Worker] = set()  # a send to it failed: its process is gone or going
+
+        def retry_or_fail(i: int, reason: str) -> None:
+            if retries[i] < MAX_RETRIES:
+                retries[i] += 1
+                pending.appendleft(i)
+            else:
+                results[i] = ("error", reason)
+
         # While no worker is ready (all are starting, e.g. replacing killed ones), the item at the
         # head of the queue spends its own time limit waiting: a call never blocks past its limit
         # because a worker is slow to start. Waiting for a busy worker does not count.
         starved_since: float | None = None
         try:
-            while pending or busy:
+            while pending or busy or broken:
                 now = time.monotonic()
                 for w in pool:
-                    if w.ready and w not in busy and pending:
+                    if w.ready and w not in busy and w not in broken and pending:
                         i = pending.popleft()
                         try:
                             w.inbox.send((i, items[i]))
-                        except Exception as e:  # unpicklable item or a dead pipe
+                        except OSError as e:  # a dead worker (BrokenPipeError): not the item's fault
+                            broken.add(w)
+                            retry_or_fail(i, f"could not send item: {type(e).__name__}")
+                            continue
+                        except Exception as e:  # an unpicklable item
                             results[i] = ("error", f"could not send item: {type(e).__name__}")
                             continue
                         start = now if starved_since is None else starved_since
                         busy[w] = (i, start + timeout_s)
                         starved_since = None
-                if not pending and not busy:
+                if not pending and not busy and not broken:
                     break
-                if pending and pool and not any(w.ready for w in pool):
+                if pending and pool and not any(w.ready and w not in broken for w in pool):
                     if starved_since is None:
                         starved_since = now
                     elif now >= starved_since + timeout_s:
@@ -211,6 +236,8 @@ class DeadlinePool:
                     deadlines.append(starved_since + timeout_s)
                 deadlines += [w.started + self.start_timeout_s for w in pool if not w.ready]
                 wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
+                if broken:  # replace them now
+                    wait_s = 0.0
                 conns = {w.outbox: w for w in pool}
                 ready = wait(list(conns), timeout=wait_s)
                 dead: list[_Worker] = []
@@ -233,14 +260,18 @@ class DeadlinePool:
                 for w in list(pool):
                     overdue = w in busy and now >= busy[w][1]
                     slow_start = not w.ready and now >= w.started + self.start_timeout_s
-                    if not (w in dead or overdue or slow_start or w.proc.poll() is not None):
+                    gone = w in dead or w in broken or w.proc.poll() is not None
+                    if not (gone or overdue or slow_start):
                         continue
                     if w in busy:
                         i, _ = busy.pop(w)
                         if overdue:
                             results[i] = ("timeout", None)
                         else:
-                            results[i] = ("error", f"worker died (exit code {w.proc.poll()})")
+                            with contextlib.suppress(subprocess.TimeoutExpired):
+                                w.proc.wait(timeout=1.0)  # its pipe closed: it is exiting
+                            retry_or_fail(i, f"worker died twice (exit code {w.proc.poll()})")
+                    broken.discard(w)
                     was_ready = w.ready
                     w.kill()
                     pool.remove(w)
@@ -251,7 +282,8 @@ class DeadlinePool:
                         for i in pending:
                             results[i] = ("error", "verifier worker failed to start")
                         pending.clear()
-            return [r if r is not None else ("error", "internal: no result") for r in results]
+            return [(*(r if r is not None else ("error", "internal: no result")), k)
+                    for r, k in zip(results, retries)]
         except BaseException:
             for w in pool:
                 w.kill()

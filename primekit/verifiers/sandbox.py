@@ -5,7 +5,9 @@ Host side. For each program: a fresh temporary directory, then
 in its own session with a scrubbed environment. The runner (PID 1 of the new PID namespace)
 makes the filesystem read-only, hides /root and /home, mounts size-capped tmpfs on /tmp,
 /var/tmp, /dev/shm and the working directory, and runs each test in a child that drops to a
-random unused uid under rlimits (see sandbox_runner.py for how a pass is proven). The host kills
+random unused uid under rlimits (see sandbox_runner.py for how a pass is proven; for the
+stdin/stdout and function-call forms only the inputs go in, and `run_program` compares the
+outputs that come back with the expected ones here, in the grader's process). The host kills
 the session at `timeout_s` plus a small grace; the kernel then kills every process in the PID
 namespace, setsid'd daemons included. Exactly what is and is not guaranteed: docs/verifiers.md.
 
@@ -33,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from primekit.verifiers.outputs import judge
+
 log = logging.getLogger(__name__)
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -40,7 +44,7 @@ UNSHARE_FLAGS = ["--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--
 # The host's hard kill comes this long after the runner's own budget (interpreter start-up).
 GRACE_S = 0.75
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-Mode = Literal["assert", "io", "check"]
+Mode = Literal["assert", "io", "call", "check"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,8 @@ class SandboxLimits:
 class SandboxResult:
     """What happened to one program.
 
-    tests: per test {"status": passed|failed|timeout|load_error|tampered|sandbox_error, "detail"}.
+    tests: per test {"status": passed|failed|timeout|load_error|tampered|sandbox_error, "detail"}
+        (the runner's "ran" for an I/O test becomes passed or failed here, in `run_program`).
     status: "ok" (the runner reported), "timeout" (the host killed it) or "error" (no report).
     """
 
@@ -150,8 +155,10 @@ def run_program(
         code: the program (Python source).
         mode: "assert" (each test is Python source run after the program; it passes if it
             returns normally), "io" (each test is [stdin, expected stdout]; the program runs as
-            __main__) or "check" (each test is {"check": source defining check(candidate),
-            "entry_point": name}; HumanEval style).
+            __main__), "call" (each test is {"fn_name", "args", "output"}: the function's return
+            value for those arguments must equal "output") or "check" (each test is {"check":
+            source defining check(candidate), "entry_point": name}; HumanEval style).
+            For "io" and "call" only the inputs enter the sandbox; the outputs are compared here.
         tests: the tests, in the format of `mode`.
         limits: resource limits (default SandboxLimits()).
         isolation: "namespaces" (fail if unavailable), "none", or "auto" (namespaces if possible).
@@ -160,8 +167,8 @@ def run_program(
         a SandboxResult with one entry per test.
     """
     limits = limits or SandboxLimits()
-    if mode not in ("assert", "io", "check"):
-        raise ValueError(f"mode must be 'assert', 'io' or 'check', got {mode!r}")
+    if mode not in ("assert", "io", "call", "check"):
+        raise ValueError(f"mode must be 'assert', 'io', 'call' or 'check', got {mode!r}")
     if isolation not in ("auto", "namespaces", "none"):
         raise ValueError(f"isolation must be 'auto', 'namespaces' or 'none', got {isolation!r}")
     isolated = isolation == "namespaces" or (isolation == "auto" and namespaces_available())
@@ -169,6 +176,12 @@ def run_program(
         _warn_fallback_once()
     if not tests:
         return SandboxResult([], "ok", isolation="namespaces" if isolated else "none")
+    expected: list[Any] = []
+    if mode == "io":  # the expected outputs stay here: the sandbox gets the inputs only
+        tests, expected = [t[0] for t in tests], [t[1] for t in tests]
+    elif mode == "call":
+        expected = [t["output"] for t in tests]
+        tests = [{"fn_name": t["fn_name"], "args": t["args"]} for t in tests]
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="primekit-sbx-")
     cgroups = _make_cgroups(Path(workdir).name, limits)
@@ -195,6 +208,8 @@ def run_program(
     finally:
         _remove_cgroups(cgroups)
         shutil.rmtree(workdir, ignore_errors=True)
+    if expected:
+        result.tests = judge(mode, expected, result.tests)
     result.wall_s = time.monotonic() - t0
     return result
 

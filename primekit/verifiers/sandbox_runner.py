@@ -6,12 +6,15 @@ PID, network, mount, IPC and UTS namespaces. Stdlib only. Protocol: one JSON job
 JSON result on stdout. The runner itself never executes candidate code; every test runs in a
 forked child that drops to an unprivileged uid and resource limits first.
 
-How a test passes (see docs/verifiers.md): the runner draws a fresh random nonce per test,
-forks, and the child runs the program and then the test; only if the test returns normally does
-the child write the nonce to a pipe at a random high descriptor number and `_exit(0)`. The
-runner counts a pass only when exactly that nonce arrives on that child's own pipe. Exit status,
-stdout and stderr are never evidence of a pass. For stdin/stdout tests the runner itself
-compares the captured output with the expected output.
+What comes back (see docs/verifiers.md). For the I/O forms ("io": stdin/stdout; "call": a
+function called with given arguments) the job holds only the inputs: the expected outputs never
+enter the sandbox, and the runner returns what each test produced (stdout, or the function's
+return value as plain JSON) for the host to compare in its own process. For the in-process
+forms ("assert", "check") the runner draws a fresh random nonce per test, forks, and the child
+runs the program and then the test; only if the test returns normally does the child write the
+nonce to a pipe at a random high descriptor number and `_exit(0)`. The runner counts a pass only
+when exactly that nonce arrives on that child's own pipe. Exit status, stdout and stderr are
+never evidence of a pass.
 """
 
 import contextlib
@@ -136,6 +139,42 @@ def _guard(fn):
     return guarded
 
 
+def _plain_json(value, depth=0):
+    """`value` as JSON text if it is exactly plain data (no subclasses), else TypeError.
+
+    The host parses this text itself, so a return value can only ever be data: an object whose
+    `__eq__` always returns True never reaches the comparison.
+    """
+    if depth > 100:
+        raise TypeError("return value nested deeper than 100 levels")
+    t = type(value)
+    if value is None or t in (bool, int, str):
+        return json.dumps(value)
+    if t is float:
+        return json.dumps(value, allow_nan=False)  # ValueError for nan/inf: not plain JSON
+    if t in (list, tuple):
+        return "[" + ",".join(_plain_json(v, depth + 1) for v in value) + "]"
+    if t is dict:
+        items = []
+        for k, v in value.items():
+            if type(k) not in (str, int):
+                raise TypeError(f"dict key of type {type(k).__name__}")
+            items.append(json.dumps(str(k)) + ":" + _plain_json(v, depth + 1))
+        return "{" + ",".join(items) + "}"
+    raise TypeError(f"candidate returned a non-plain {t.__name__}")
+
+
+def _call_entry(module, fn_name):
+    """The function under test: `fn_name` of the module, or of a `Solution()` (LeetCode style)."""
+    namespace = module.__dict__
+    solution = namespace.get("Solution")
+    if isinstance(solution, type) and hasattr(solution, fn_name):
+        return getattr(solution(), fn_name)
+    if fn_name in namespace:
+        return namespace[fn_name]
+    raise NameError(f"no function named {fn_name!r}")
+
+
 def _child_main(job, test, report_fd, nonce):
     import builtins
     import io
@@ -177,6 +216,19 @@ def _child_main(job, test, report_fd, nonce):
     except BaseException as e:
         _say("program failed to load: ", e)
         exit_(EXIT_LOAD_ERROR)
+    if mode == "call":
+        # The return value, as plain JSON, goes to the report pipe; the host compares it. Writing
+        # anything there itself gains the program nothing it could not get by returning it.
+        try:
+            value = _call_entry(module, test["fn_name"])(*test["args"])
+            text = _plain_json(value)
+        except BaseException as e:
+            _say("test failed: ", e)
+            exit_(EXIT_TEST_FAILED)
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[write(report_fd, data):]
+        exit_(0)
     try:
         if mode == "assert":
             exec(compile(test, "test.py", "exec"), module.__dict__)
@@ -274,27 +326,6 @@ def _kill_descendants(root_pid):
     return bool(found)
 
 
-def _same_output(got, want):
-    """Line-wise match ignoring trailing whitespace; else token-wise with float tolerance 1e-6."""
-    if [x.rstrip() for x in got.strip().splitlines()] == [
-        x.rstrip() for x in want.strip().splitlines()
-    ]:
-        return True
-    a, b = got.split(), want.split()
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x == y:
-            continue
-        try:
-            fx, fy = float(x), float(y)
-        except ValueError:
-            return False
-        if abs(fx - fy) > 1e-6 * max(1.0, abs(fy)):
-            return False
-    return True
-
-
 def run_test(job, index, time_left, isolated):
     test = job["tests"][index]
     nonce = os.urandom(16).hex().encode()
@@ -303,7 +334,7 @@ def run_test(job, index, time_left, isolated):
     rep_r, rep_w = os.pipe()
     stdin_fd = os.memfd_create("stdin")
     if job["mode"] == "io":
-        os.write(stdin_fd, test[0].encode())
+        os.write(stdin_fd, test.encode())
         os.lseek(stdin_fd, 0, os.SEEK_SET)
     report_fd = 256 + int.from_bytes(os.urandom(2), "little") % 700
     limit = min(time_left, job["test_timeout_s"])
@@ -326,24 +357,27 @@ def run_test(job, index, time_left, isolated):
     cap, err_cap = job["output_bytes"], 2000
     bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
     open_fds = set(bufs)
-    judged_on_output = job["mode"] == "io"
+    # The channel that carries a test's output: stdout ("io"), the report pipe ("call").
+    output_fd = {"io": out_r, "call": rep_r}.get(job["mode"])
     exit_status, timed_out, overflow = None, False, False
 
     def drain(fd):
-        """Read one chunk; True when stdout went over the cap of a test judged on its output."""
+        """Read one chunk; True when the output channel of an I/O test went over the cap."""
         chunk = os.read(fd, 65536)
         if not chunk:
             open_fds.discard(fd)
             return False
         buf = bufs[fd]
-        if fd == out_r:
-            if len(buf) + len(chunk) > cap:
-                return judged_on_output  # otherwise: chatty, not judged on output; drop it
-            buf += chunk
-        elif fd == err_r:
+        if fd == err_r:
             buf += chunk
             del buf[: max(0, len(buf) - err_cap)]
-        elif len(buf) < 256:
+        elif fd == output_fd:
+            if len(buf) + len(chunk) > cap:
+                return True
+            buf += chunk
+        elif fd == out_r:  # chatty, but not judged on stdout: keep up to the cap, drop the rest
+            buf += chunk[: max(0, cap - len(buf))]
+        elif len(buf) < 256:  # the nonce channel of "assert"/"check"
             buf += chunk[: 256 - len(buf)]
         return False
 
@@ -373,15 +407,18 @@ def run_test(job, index, time_left, isolated):
     report = bytes(bufs[rep_r])
     if timed_out:
         return {"status": "timeout", "detail": f"test exceeded {limit:.3g}s"}
-    if job["mode"] == "io":
+    if output_fd is not None:
+        # An I/O test: return what it produced; the host, which alone knows the expected
+        # output, judges it ("ran" is not a pass).
         if overflow:
             return {"status": "failed", "detail": f"output exceeded {cap} bytes"}
-        if not os.WIFEXITED(exit_status) or os.WEXITSTATUS(exit_status) != 0:
+        code = os.WEXITSTATUS(exit_status) if os.WIFEXITED(exit_status) else None
+        if code == EXIT_LOAD_ERROR and job["mode"] == "call":  # "io": the exit status is the program's
+            return {"status": "load_error", "detail": last_line or "program failed to load"}
+        if code != 0:
             return {"status": "failed", "detail": _describe(exit_status, last_line)}
-        got = bytes(bufs[out_r]).decode("utf-8", "replace")
-        if _same_output(got, test[1]):
-            return {"status": "passed", "detail": ""}
-        return {"status": "failed", "detail": "wrong output"}
+        output = bytes(bufs[output_fd]).decode("utf-8", "replace")
+        return {"status": "ran", "detail": "", "output": output}
     if report == nonce:
         return {"status": "passed", "detail": ""}
     if report:

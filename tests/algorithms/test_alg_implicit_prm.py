@@ -182,3 +182,21 @@ def test_prm_dpo_loss_matches_loop(seed):
     loss, m = prm_dpo_loss(prm, ref, mask, y, gid, beta=0.3)
     assert float(m["prm/dpo_pairs"]) == len(terms)
     assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-10)
+
+
+def test_prm_ce_loss_takes_soft_labels_from_partial_code_credit():
+    # A code response passing 2 of 3 tests has the label y = 2/3 (PRIME's reference code does
+    # the same). BCE(sigmoid(R), y) is minimised where sigmoid(R) = y, i.e. R = log(y / (1 - y))
+    # = log 2, where the loss is the binary entropy
+    # H(2/3) = -(2/3 log(2/3) + 1/3 log(1/3)) = 0.636514 and the gradient is 0.
+    y = torch.tensor([2 / 3], dtype=D)
+    mask = torch.ones(1, 2)
+    prm = torch.tensor([[math.log(2), 0.0]], dtype=D, requires_grad=True)  # beta 1: R = log 2
+    loss, _ = prm_ce_loss(prm, torch.zeros(1, 2, dtype=D), mask, y, beta=1.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.636514, abs=1e-6)
+    assert prm.grad.abs().max().item() < 1e-12
+    # Off the optimum the gradient pulls sigmoid(R) towards y: at R = 0, dL/dR = 1/2 - 2/3 < 0.
+    z = torch.zeros(1, 2, dtype=D, requires_grad=True)
+    prm_ce_loss(z, torch.zeros(1, 2, dtype=D), mask, y, beta=1.0)[0].backward()
+    assert z.grad[0, 0].item() == pytest.approx(0.5 - 2 / 3)

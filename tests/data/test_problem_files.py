@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +181,60 @@ def test_split_problems_never_overlaps_by_prompt():
     assert split_problems(problems, 0.0, seed=0)[1] == []
     with pytest.raises(ValueError, match="heldout_fraction"):
         split_problems(problems, 1.0, seed=0)
+
+
+# -- the PRIME paper's RL data format (Eurus-2-RL-Data) -----------------------------------------
+
+EURUS_SAMPLE = Path(__file__).with_name("eurus2_rl_sample.jsonl")
+
+
+def test_eurus_schema_rows_load_as_math_and_code_problems():
+    problems = load_problems(EURUS_SAMPLE)
+    assert [p.task for p in problems] == ["math"] * 3 + ["code"] * 3
+    m, c, f = problems[1], problems[3], problems[5]
+    assert (m.prompt, m.answer, m.tests) == ("Write $\\frac{6}{8}$ in lowest terms.",
+                                             "\\frac{3}{4}", None)
+    assert m.meta["data_source"] == "numina_cn_k12" and m.meta["reward_style"] == "rule"
+    assert m.meta["system_prompt"].startswith("Think step by step.")
+    assert m.meta["extra_info"] == {"index": 1, "split": "train"}
+    assert m.meta["location"] == "eurus2_rl_sample.jsonl line 2"
+    # the code ground truth is a JSON string of test cases in the file; parsed here
+    assert c.answer is None and c.tests == {"inputs": ["1 2\n", "10 -3\n", "0 0\n"],
+                                            "outputs": ["3\n", "7\n", "0\n"]}
+    assert f.tests["fn_name"] == "reverse_words" and f.tests["inputs"][0] == ["hello world"]
+    # data.task only fills in for rows without a task: it never overrides `ability`
+    assert [p.task for p in load_problems(EURUS_SAMPLE, task="math")][3:] == ["code"] * 3
+
+
+def test_rows_without_a_task_are_code_with_tests_and_math_without(tmp_path):
+    path = _write(tmp_path / "mixed.jsonl", [{"prompt": "a", "answer": "1"},
+                                             {"prompt": "b", "tests": ["assert True"]}])
+    assert [p.task for p in load_problems(path)] == ["math", "code"]
+
+
+def _eurus(**over):
+    row = {"data_source": "x", "ability": "code",
+           "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+           "reward_model": {"ground_truth": '{"inputs": ["1"], "outputs": ["1"]}', "style": "rule"}}
+    return {**row, **over}
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (_eurus(ability="poetry"), "line 1: field 'ability' must be one of ('math', 'code'), "
+                                   "got 'poetry'"),
+        (_eurus(reward_model={"ground_truth": "{not json"}),
+         "line 1: field 'reward_model.ground_truth' of a code row must be JSON test cases"),
+        (_eurus(reward_model={"ground_truth": '{"inputs": 1}'}),
+         "must hold lists 'inputs' and 'outputs', got dict"),
+        (_eurus(prompt="plain text"), "line 1: field 'prompt' must be a list of {role, content}"),
+        (_eurus(prompt=[{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]),
+         "system messages then one user message, got roles ['user', 'assistant']"),
+        (_eurus(ability="math", reward_model={"ground_truth": None}),
+         "line 1: a row needs field 'answer' or field 'tests'"),
+    ],
+)
+def test_eurus_schema_errors_name_the_line_and_field(tmp_path, row, message):
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        load_problems(_write(tmp_path / "eurus.jsonl", [row]))

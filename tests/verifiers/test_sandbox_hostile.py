@@ -399,3 +399,98 @@ def test_raising_base_exceptions_from_the_solution():
 def test_fallback_without_namespaces_cleans_up(code, expected):
     v = run_hostile(code, isolation="none")
     assert v.score == expected
+
+
+# -- verdicts the program cannot reach (the I/O forms) -----------------------------------------
+# For stdin/stdout tests and function-call tests given as input/output pairs, the sandbox only
+# produces outputs and the grader compares them in its own process; the expected outputs never
+# enter the sandbox. Each forgery below worked when the comparison (or the expected output) was
+# inside the sandbox.
+
+STDIO_TESTS = {"inputs": ["1 2\n", "2 2\n"], "outputs": ["3\n", "4\n"]}
+CALL_TESTS = {"fn_name": "add", "inputs": [[1, 2], [2, 2]], "outputs": [3, 4]}
+CORRECT_STDIO = "a, b = map(int, input().split())\nprint(a + b)\n"
+WRONG_ADD = "def add(a, b):\n    return 0\n"
+
+# Walk up to the harness's frame and write its nonce to its report descriptor.
+FRAME_WALK_NONCE = (
+    "import os, sys\n"
+    "f = sys._getframe()\n"
+    "while f is not None:\n"
+    "    if 'nonce' in f.f_locals and 'report_fd' in f.f_locals:\n"
+    "        os.write(f.f_locals['report_fd'], f.f_locals['nonce'])\n"
+    "        os._exit(0)\n"
+    "    f = f.f_back\n"
+) + WRONG_ADD
+# Walk up the frames (or scan the heap) for the [stdin, expected stdout] pair and print it.
+FRAME_WALK_EXPECTED = (
+    "import sys\n"
+    "data = sys.stdin.read()\n"
+    "f = sys._getframe()\n"
+    "while f is not None:\n"
+    "    for v in list(f.f_locals.values()):\n"
+    "        if isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == data:\n"
+    "            print(v[1])\n"
+    "            raise SystemExit(0)\n"
+    "    f = f.f_back\n"
+    "print('no idea')\n"
+)
+HEAP_SCAN_EXPECTED = (
+    "import gc, sys\n"
+    "data = sys.stdin.read()\n"
+    "for o in gc.get_objects():\n"
+    "    if isinstance(o, list) and len(o) == 2 and o[0] == data and isinstance(o[1], str):\n"
+    "        print(o[1])\n"
+    "        raise SystemExit(0)\n"
+    "print('no idea')\n"
+)
+ALWAYS_EQUAL = (
+    "class Anything:\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = object.__hash__\n"
+    "def add(a, b):\n    return Anything()\n"
+)
+ALWAYS_EQUAL_INT = (
+    "class Sneaky(int):\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = int.__hash__\n"
+    "def add(a, b):\n    return [Sneaky(0)][0]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "tests"),
+    [(CORRECT_STDIO, STDIO_TESTS), (CORRECT_ADD, CALL_TESTS)],
+    ids=["stdio", "call"],
+)
+@pytest.mark.parametrize("isolation", ["namespaces", "none"])
+def test_io_forms_pass_an_honest_solution(code, tests, isolation):
+    # The control for the forgeries below: the same tests do pass a real solution.
+    assert run_hostile(code, tests=tests, isolation=isolation, timeout_s=3.0).score == 1.0
+
+
+@pytest.mark.parametrize(
+    ("code", "tests"),
+    [
+        (FRAME_WALK_EXPECTED, STDIO_TESTS),
+        (HEAP_SCAN_EXPECTED, STDIO_TESTS),
+        (FRAME_WALK_NONCE, CALL_TESTS),
+        (ALWAYS_EQUAL, CALL_TESTS),
+        (ALWAYS_EQUAL_INT, CALL_TESTS),
+    ],
+    ids=["stdio-frame-walk", "stdio-heap-scan", "call-frame-walk", "call-always-equal",
+         "call-always-equal-int"],
+)
+@pytest.mark.parametrize("isolation", ["namespaces", "none"])
+def test_forgeries_fail_on_the_io_forms(code, tests, isolation):
+    # In the fallback too: what keeps the verdict out of reach is that the expected outputs never
+    # enter the sandbox, not the namespaces.
+    # (3 s, not 1 s: scanning the heap twice must not turn into a time-out on a loaded machine)
+    v = run_hostile(code, tests=tests, isolation=isolation, timeout_s=3.0)
+    assert (v.score, v.status) == (0.0, "incorrect"), v
+
+
+@pytest.mark.parametrize("code", [FRAME_WALK_NONCE, ALWAYS_EQUAL], ids=["frame-walk", "always-eq"])
+def test_assert_form_is_still_forgeable_as_documented(code):
+    # docs/verifiers.md, "What the harness does not guarantee": assert strings run in the
+    # program's own process, so both forgeries still pass them. If this starts failing, the limit
+    # is gone: update the docs.
+    assert run_hostile(code, tests=ADD_TESTS).score == 1.0

@@ -46,8 +46,22 @@ def test_build_verifier_arithmetic():
     assert verifier.verify("3+4=7\nA:7", problem) == Verdict.correct()
 
 
+def test_build_verifier_mixed_builds_each_task_with_the_config_limits():
+    from primekit.verifiers.mixed import MixedVerifier
+
+    limits = load_config(None, ["verifier.math_timeout_s=3", "verifier.code_memory_mb=300"]).verifier
+    verifier = build_verifier("mixed", limits)
+    assert isinstance(verifier, MixedVerifier) and verifier._verifiers == {}  # built on use
+    assert verifier.verifier("math").timeout_s == 3.0
+    assert verifier.verifier("code").limits.memory_mb == 300
+    assert "single task, not 'mixed'" in verifier.verifier("mixed")
+    v = verifier.verify("3+4=7\nA:7", Problem(id="p", prompt="3+4=", task="arithmetic", answer="7"))
+    assert v == Verdict.correct()
+    verifier.close()
+
+
 def test_unknown_task_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math'\]"):
+    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math', 'mixed'\]"):
         build_verifier("poetry")
 
 
@@ -74,6 +88,12 @@ def test_verdict_stats_hand_computed():
             "verify/timeout_rate": 0.2,
             "verify/correct_rate": 0.2,
             "verify/mean_score": 0.35,
+            "verify/retries": 0.0,
         }
     )
+    # retries is a count over the batch: 2 + 1 = 3
+    retried = [Verdict(1.0, "correct", retries=2), Verdict(0.0, "incorrect", retries=1)]
+    assert verdict_stats(retried)["verify/retries"] == 3.0
+    with pytest.raises(ValueError, match="retries"):
+        Verdict(1.0, "correct", retries=-1)
     assert verdict_stats([])["verify/mean_score"] == 0.0

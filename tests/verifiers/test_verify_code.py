@@ -48,7 +48,17 @@ def test_normalize_tests_formats():
         "check",
         [{"check": "def check(c): pass", "entry_point": "f"}],
     )
-    for bad in [None, 3, {"inputs": ["1"], "outputs": []}, {"check": "x"}, [1, 2]]:
+    call = {"fn_name": "add", "inputs": [[1, 2], [[3], 4]], "outputs": [3, [7]]}
+    assert normalize_tests(call) == (
+        "call",
+        [{"fn_name": "add", "args": [1, 2], "output": 3},
+         {"fn_name": "add", "args": [[3], 4], "output": [7]}],
+    )
+    # fn_name null (APPS rows without a function) is the stdin/stdout form
+    assert normalize_tests({**io, "fn_name": None})[0] == "io"
+    for bad in [None, 3, {"inputs": ["1"], "outputs": []}, {"check": "x"}, [1, 2],
+                {"fn_name": "f", "inputs": [1], "outputs": [1]},
+                {"fn_name": "os.system", "inputs": [[1]], "outputs": [1]}]:
         with pytest.raises(ValueError):
             normalize_tests(bad)
 
@@ -178,3 +188,67 @@ def test_fallback_mode_runs_honest_code():
         _fence(ADD), _problem(["assert add(1, 2) == 3"])
     )
     assert v.status == "correct", v.reason
+
+
+# -- the I/O forms: outputs come back, the comparison happens here --------------------------
+
+
+def test_expected_outputs_never_enter_the_sandbox(monkeypatch):
+    from primekit.verifiers import sandbox
+
+    jobs = []
+    real_launch = sandbox._launch
+    monkeypatch.setattr(sandbox, "_launch", lambda job, *a: jobs.append(job) or real_launch(job, *a))
+    secret_out, secret_ret = "out-7f3a9c", "ret-5b2e81"
+    stdio = {"inputs": ["x\n"], "outputs": [secret_out]}
+    call = {"fn_name": "f", "inputs": [["x"]], "outputs": [secret_ret]}
+    v = CodeVerifier(timeout_s=5.0)
+    assert v.verify(_fence(f"input()\nprint({secret_out!r})\n"), _problem(stdio)).score == 1.0
+    assert v.verify(_fence(f"def f(x):\n    return {secret_ret!r}\n"), _problem(call)).score == 1.0
+    assert [j["tests"] for j in jobs] == [["x\n"], [{"fn_name": "f", "args": ["x"]}]]
+    # ... the expected outputs did not (they appear only in the program, which we wrote)
+    assert [secret_out in repr(j["tests"]) for j in jobs] == [False, False]
+    assert [secret_ret in repr(j["tests"]) for j in jobs] == [False, False]
+
+
+def test_function_call_tests(verifier):
+    tests = {"fn_name": "add", "inputs": [[1, 2], [2, 2], [0, 0]], "outputs": [3, 4, 0]}
+    assert verifier.verify(_fence(ADD), _problem(tests)).status == "correct"
+    # partial credit: the fraction of calls that return the right value
+    half = "def add(a, b):\n    return a + b if a == 1 else -1\n"
+    v = verifier.verify(_fence(half), _problem(tests))
+    assert (v.status, v.score, v.reason) == ("incorrect", 1 / 3, "wrong return value")
+
+
+def test_function_call_conventions(verifier):
+    # LeetCode style (a method of Solution), tuples as lists, APPS's one-element-list outputs,
+    # and printing inside the function does not disturb the returned value.
+    leet = (
+        "class Solution:\n    def pair(self, n):\n        print('debug', n)\n"
+        "        return (n, n * 2)\n"
+    )
+    tests = {"fn_name": "pair", "inputs": [[1], [2]], "outputs": [[1, 2], [[2, 4]]]}
+    assert verifier.verify(_fence(leet), _problem(tests)).status == "correct"
+    floats = {"fn_name": "f", "inputs": [[]], "outputs": [0.3]}
+    assert verifier.verify(_fence("def f():\n    return 0.1 + 0.2\n"), _problem(floats)).score == 1.0
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("def f():\n    return {1, 2}\n", "non-plain set"),
+        ("def f():\n    return float('nan')\n", "Out of range float"),
+        ("def g():\n    return 1\n", "no function named 'f'"),
+        ("def f():\n    return True\n", "wrong return value"),  # True is not 1
+    ],
+    ids=["set", "nan", "missing", "bool-for-int"],
+)
+def test_function_call_failures(verifier, code, reason):
+    v = verifier.verify(_fence(code), _problem({"fn_name": "f", "inputs": [[]], "outputs": [1]}))
+    assert (v.status, v.score) == ("incorrect", 0.0) and reason in v.reason, v
+
+
+def test_function_call_program_that_does_not_load_is_a_program_error(verifier):
+    v = verifier.verify(_fence("def f(:\n"), _problem({"fn_name": "f", "inputs": [[]],
+                                                        "outputs": [1]}))
+    assert v.status == "error" and v.reason.startswith("program:") and "SyntaxError" in v.reason

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from primekit.data.problem import Problem
+from primekit.verifiers.base import Verdict
 from primekit.verifiers.math import MathVerifier, extract_answer, fast_equal
 
 TIMEOUT_S = 1.5
@@ -232,6 +233,9 @@ def test_time_limit_holds_off_the_main_thread(verifier):
     def work():
         t0 = time.monotonic()
         box.append((verifier.verify(STUCK, _p("1")), time.monotonic() - t0))
+        # The killed worker's replacement imports sympy first (seconds on a loaded machine); a
+        # call made before it is up spends its own limit waiting (tested below), so wait here.
+        verifier.warm_up()
         box.append(verifier.verify("\\boxed{\\frac{1}{2}}", _p("0.5")))
 
     th = threading.Thread(target=work)
@@ -242,23 +246,31 @@ def test_time_limit_holds_off_the_main_thread(verifier):
     assert ok.status == "correct"
 
 
-def test_concurrent_callers_share_the_pool(verifier):
+def test_concurrent_callers_share_the_pool():
     results: dict[int, str] = {}
+    # Three callers, two pooled workers: one caller starts a worker of its own, and a worker's
+    # start-up (importing sympy, seconds on a loaded machine) counts against the item waiting
+    # for it, so the limit here is generous; this test is about sharing, not time limits.
+    verifier = MathVerifier(timeout_s=30.0, workers=2)
 
     def work(i: int) -> None:
         results[i] = verifier.verify(f"\\boxed{{{i}}}", _p(str(i))).status
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=30)
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+    finally:
+        verifier.close()
     assert results == {i: "correct" for i in range(3)}
 
 
 def test_verifier_pickles_without_its_processes(verifier):
     clone = pickle.loads(pickle.dumps(verifier))
     assert clone._pool is None and clone.timeout_s == TIMEOUT_S
+    clone.warm_up()  # its own fresh workers (start-up would count against a waiting item)
     assert clone.verify("\\boxed{1}", _p("1")).status == "correct"
     clone.close()
 
@@ -332,3 +344,41 @@ def test_waiting_for_a_restarting_worker_counts_against_the_limit():
         verdict = v.verify("\\boxed{0.5}", _p("1/2"))
         assert time.monotonic() - t0 < 0.2 + 0.5
         assert verdict.status in ("correct", "timeout")
+
+
+# -- workers that die: no sample is mis-scored --------------------------------------------------
+
+
+def test_a_worker_that_died_while_idle_costs_no_verdict():
+    from primekit.verifiers import verdict_stats
+
+    # A generous limit: the retried item waits for a fresh worker to import sympy (1-2 s here).
+    with MathVerifier(timeout_s=20.0, workers=1) as v:
+        v.warm_up()
+        (idle,) = v.pool._idle
+        idle.proc.kill()  # dies between calls, as an OOM kill or an operator's kill would
+        idle.proc.wait()
+        verdicts = v.verify_batch(["\\boxed{2}", "\\boxed{3}"], [_p("2"), _p("2")])
+        # Before: ("error", "could not send item: BrokenPipeError") for the first item.
+        assert [(x.status, x.retries) for x in verdicts] == [("correct", 1), ("incorrect", 0)]
+        assert verdict_stats(verdicts)["verify/retries"] == 1.0
+        assert v.verify("\\boxed{5}", _p("5")) == Verdict.correct()  # retries 0 again
+
+
+def test_pool_retries_an_item_once_when_its_worker_dies_while_grading(tmp_path):
+    from primekit.verifiers.pool import DeadlinePool
+
+    marker = tmp_path / "die-once"
+    marker.touch()
+    # Target os.system: each item is a shell line run by the worker; `kill -9 $PPID` kills it.
+    die_once = f"if [ -e {marker} ]; then rm {marker}; kill -9 $PPID; fi"
+    pool = DeadlinePool("os:system", workers=1)
+    try:
+        out = pool.map([die_once, "kill -9 $PPID", "true"], timeout_s=20.0)
+    finally:
+        pool.close()
+    assert out == [
+        ("ok", 0, 1),  # died once; the retry on a fresh worker ran it to the end
+        ("error", "worker died twice (exit code -9)", 1),  # dies every time: one retry only
+        ("ok", 0, 0),
+    ]
