@@ -36,9 +36,11 @@ from primekit.algorithms import (
     filter_groups,
     kl_loss,
     kl_penalty,
+    logprob_mismatch,
     normalize_by_max_abs_return,
     ppo_clip_loss,
     reward_hacking_metrics,
+    truncated_importance_weights,
     value_loss,
 )
 from primekit.config import Config
@@ -138,6 +140,9 @@ class RLTrainer:
             return {k: float(v) for k, v in metrics.items()}
         with timed(timing, "old_logprobs"):
             exp.old_logprobs = self.old_logprobs(exp.batch)
+        if self.cfg.policy.old_logprobs == "recompute":  # the sampler's vs the trainer's
+            metrics.update(logprob_mismatch(exp.old_logprobs, exp.batch.sampling_logprobs.float(),
+                                            exp.response_mask))
         with timed(timing, "ref_logprobs"):
             exp.ref_logprobs = self.ref_logprobs(exp.batch, exp.old_logprobs)
         if self.rewarder is not None:  # times itself: PRM update, forward and re-score
@@ -151,12 +156,20 @@ class RLTrainer:
         with timed(timing, "advantages"):
             exp.advantages, exp.returns, adv_metrics = self.advantages(exp)
         metrics.update(adv_metrics)
+        if self.cfg.policy.rollout_correction == "tis":
+            # Weighting each token's clipped loss by w >= 0 is weighting its advantage, since
+            # max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)); the critic's returns are kept.
+            w = truncated_importance_weights(exp.old_logprobs, exp.batch.sampling_logprobs,
+                                             exp.response_mask, cap=self.cfg.policy.tis_cap)
+            exp.advantages = exp.advantages * w
+            metrics["rollout/tis_weight_mean"] = (w.sum() / exp.response_mask.sum()).detach()
         if self.critic is not None:
             with timed(timing, "critic_update"):
                 metrics.update(self.update_critic(exp))
         with timed(timing, "policy_update"):
             metrics.update(self.update_policy(exp))
-        self.engine.sync_weights(self.policy)
+        with timed(timing, "weight_sync"):
+            self.engine.sync_weights(self.policy)
         metrics.update(self.batch_metrics(exp))
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
