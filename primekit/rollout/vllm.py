@@ -108,7 +108,6 @@ class VLLMRolloutEngine:
         self.pad_id = self.eos_token_ids[0] if pad is None else pad
         memory = ({"kv_cache_memory_bytes": int(kv_cache_gib) << 30} if current_platform.is_cpu()
                   else {"gpu_memory_utilization": gpu_memory_utilization})
-        threads = torch.get_num_threads()
         self.llm = LLM(
             model=str(model_path),
             tokenizer=str(model_path),
@@ -123,9 +122,9 @@ class VLLMRolloutEngine:
             trust_remote_code=trust_remote_code,
             **memory,
         )
-        # vLLM sets torch's intra-op threads to 1 "for serving"; in this process the trainer
-        # shares them, and keeps the count it chose (train.threads).
-        torch.set_num_threads(threads)
+        # On a CPU, vLLM's worker binds this process's OpenMP threads to the cores
+        # (VLLM_CPU_OMP_THREADS_BIND, default: all of them) and turns torch.set_num_threads into
+        # a no-op, so from here on the trainer runs on that binding, not train.threads.
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model: PreTrainedModel) -> None:

@@ -47,6 +47,27 @@ def test_vllm_backend_without_vllm_fails_before_any_model_is_loaded(rl_config, m
         factory.build_rl_trainer(rl_config("rollout.backend=vllm", "policy.old_logprobs=recompute"))
 
 
+def test_hf_step_logs_the_mismatch_the_tis_weights_and_the_sync_time(rl_config):
+    from primekit.factory import build_rl_trainer
+    from tests.trainer.test_metrics_doc import ParityVerifier
+
+    cfg = rl_config("policy.old_logprobs=recompute", "policy.rollout_correction=tis",
+                    "algorithm.reward_mode=outcome")
+    m = build_rl_trainer(cfg, verifier=ParityVerifier()).train_step()
+    assert m["train/skipped"] == 0.0
+    # The HF engine samples with the trainer's own model and kernels: no mismatch beyond batching
+    # round-off, so every truncated weight is ~1.
+    assert 0.0 <= m["rollout/logprob_kl"] < 1e-8
+    assert m["rollout/logprob_max_abs_diff"] < 1e-4
+    assert m["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert 0.0 <= m["timing/weight_sync"] < m["timing/step"]
+
+
+def test_tis_needs_recomputed_old_logprobs(rl_config):
+    with pytest.raises(ConfigError, match="policy.rollout_correction: 'tis'.*recompute"):
+        rl_config("policy.old_logprobs=rollout", "policy.rollout_correction=tis")
+
+
 def _vllm_importable() -> tuple[bool, str]:
     try:
         import vllm  # noqa: F401
