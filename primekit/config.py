@@ -91,6 +91,11 @@ class RolloutConfig:
     top_p: Fraction = 1.0
     max_new_tokens: Positive = 1024
     micro_batch_size: Positive = 256
+    # backend=vllm only (docs/rollout.md). KV-cache budget: GiB of RAM on a CPU, share of the GPU's
+    # memory on a GPU (the trainer's models share it); 0 max model length: the model's own.
+    vllm_kv_cache_gib: Positive = 1
+    vllm_gpu_memory_utilization: Fraction = 0.4
+    vllm_max_model_len: NonNegative = 0
 
 
 @_validated
@@ -201,6 +206,11 @@ class PolicyConfig:
     # "recompute": one no-grad forward of the policy before the update (exact, any backend);
     # "rollout": reuse the sampling log-probs of the HF engine (same model, temperature 1, top-p 1).
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    # "tis": truncated importance sampling (docs/rollout.md): each token's policy loss is weighted
+    # by min(pi_old / pi_rollout, tis_cap), correcting for a rollout engine (vLLM) whose sampling
+    # log-probs differ from the trainer's recomputed ones. Needs old_logprobs=recompute.
+    rollout_correction: Literal["none", "tis"] = "none"
+    tis_cap: PositiveFloat = 2.0
     # Linear learning-rate warm-up over the first RL steps (0: none). Adam's first updates are
     # about lr * sign(gradient) in every coordinate, so a small policy at a high lr can lose
     # accuracy in its first steps without one.
@@ -565,6 +575,9 @@ def _check_combinations(cfg: Config) -> None:
                                                   or cfg.rollout.backend != "hf"):
         raise ConfigError("policy.old_logprobs: 'rollout' is exact only with the hf backend at "
                           "temperature 1 and top_p 1; use 'recompute'")
+    if cfg.policy.rollout_correction == "tis" and cfg.policy.old_logprobs != "recompute":
+        raise ConfigError("policy.rollout_correction: 'tis' weighs the trainer's log-probs against "
+                          "the sampler's; it needs policy.old_logprobs=recompute")
     if a.reward_mode in ("explicit-orm", "explicit-prm") and cfg.explicit.model_path is None:
         command = "train-orm" if a.reward_mode == "explicit-orm" else "train-prm"
         raise ConfigError(f"explicit.model_path: reward_mode={a.reward_mode} needs the directory "

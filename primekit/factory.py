@@ -26,9 +26,14 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
                      engine: RolloutEngine | None = None,
                      rewarder: TokenRewarder | None = None) -> RLTrainer:
     """An `RLTrainer` for `cfg`, resumed from its run directory's latest checkpoint if `resume`."""
-    if cfg.rollout.backend != "hf" and engine is None:
-        raise ConfigError(f"rollout.backend: {cfg.rollout.backend!r} is not available yet; "
-                          f"use rollout.backend=hf")
+    r = cfg.rollout
+    if r.backend == "vllm" and engine is None:
+        if dist.world_size() > 1:
+            raise ConfigError("rollout.backend: 'vllm' runs one engine in a single process; "
+                              "use rollout.backend=hf with torchrun")
+        from primekit.rollout.vllm import require_vllm
+
+        require_vllm()  # before any model is loaded: a missing extra fails in seconds
     set_threads(cfg.train.threads)
     seed_everything(cfg.train.seed + dist.rank())
     device = resolve_device(cfg.train.device)
@@ -45,6 +50,15 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
     if rewarder is None and a.reward_mode != "outcome":
         rewarder = build_rewarder(cfg, tokenizer, device)
     critic = build_critic(cfg, device) if a.estimator == "ppo" else None
+    if engine is None and r.backend == "vllm":
+        from primekit.rollout.vllm import VLLMRolloutEngine
+
+        # vLLM loads the policy's checkpoint itself; a resumed run syncs its weights after.
+        engine = VLLMRolloutEngine(m.policy, tokenizer, dtype=m.dtype, seed=cfg.train.seed,
+                                   kv_cache_gib=r.vllm_kv_cache_gib,
+                                   gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                                   max_model_len=r.vllm_max_model_len,
+                                   trust_remote_code=m.trust_remote_code)
     if engine is None:
         from primekit.rollout.hf import HFRolloutEngine
 
@@ -54,7 +68,7 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
         sampler = (load_model(m.policy, dtype=model_dtype(m.dtype), device=str(device),
                               trust_remote_code=m.trust_remote_code).eval().requires_grad_(False)
                    if own_copy else policy)
-        engine = HFRolloutEngine(sampler, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,
+        engine = HFRolloutEngine(sampler, tokenizer, micro_batch_size=r.micro_batch_size,
                                  own_copy=own_copy)
     if verifier is None:
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)

@@ -78,6 +78,10 @@ from primekit.algorithms.process_rewards import (
     step_end_positions_from_mask,
     step_returns,
 )
+from primekit.algorithms.rollout_correction import (
+    logprob_mismatch,
+    truncated_importance_weights,
+)
 from primekit.algorithms.segmentation import (
     compile_delimiter,
     segment_batch,
@@ -119,6 +123,7 @@ __all__ = [
     "leave_one_out_mean",
     "length_normalised_step_rewards",
     "length_penalty_step_rewards",
+    "logprob_mismatch",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -152,6 +157,7 @@ __all__ = [
     "step_spans",
     "steps",
     "token_char_ends",
+    "truncated_importance_weights",
     "value_loss",
     "words",
 ]

