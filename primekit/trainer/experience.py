@@ -94,8 +94,13 @@ class PromptSampler:
         return out
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = state["epoch"], state["position"]
+        """Restore (epoch, position). Saved by another number of ranks, the position is carried
+        over as the number of prompts all ranks drew together in this epoch, so the run goes on
+        with the next unseen prompts (every rank draws the same count per step)."""
+        saved_world = state.get("world_size", self.world_size)
+        self.epoch = state["epoch"]
+        self.position = state["position"] * saved_world // self.world_size
         self._order = self._permutation()
