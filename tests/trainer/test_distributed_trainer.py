@@ -160,9 +160,8 @@ def test_two_sharded_ranks_train_as_one_process(sft_model_dir, tmp_path):
     # Metrics that are means over equal per-rank shares agree too. (Spreads such as adv/std are
     # per-rank statistics averaged over ranks, so they are not compared.)
     for a, b in zip(one_steps, r0["steps"]):
-        for key in ("reward/outcome_mean", "prm/loss", "policy/pg_loss"):
-            if key in a:
-                assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
+        for key in ("reward/outcome_mean", "prm/loss", "policy/loss"):
+            assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
 
     # Each rank holds half of every sharded model's bytes, measured from the local shards (FSDP2
     # pads a dim-0 that does not split evenly, e.g. the 259-row embedding, by a row or so).

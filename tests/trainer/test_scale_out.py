@@ -98,7 +98,7 @@ def test_bf16_compute_moves_fp32_master_weights_like_fp32(sft_model_dir, tmp_pat
     rel = ((d16 - d32).norm() / d32.norm()).item()
     print(f"bf16 compute: {moved:.4f} of weights moved; |d16 - d32| / |d32| = {rel:.3f}")
     assert moved > 0.95
-    assert rel < 0.5  # AdamW's first step is ~lr * sign(grad): bf16 flips only small gradients
+    assert rel < 0.2  # measured 0.064. AdamW's first step is ~lr * sign(grad): bf16 flips only small gradients
     # After the update the sampler holds the new weights (in bf16).
     t16.engine.sync_weights(t16.policy)
     for k, v in t16.engine.model.state_dict().items():
@@ -108,6 +108,7 @@ def test_bf16_compute_moves_fp32_master_weights_like_fp32(sft_model_dir, tmp_pat
 # ---------------------------------------------------------------- resume across world sizes
 def _resume_worker(rank: int, world: int, init_file: str, policy: str, run_a: str, run_b: str,
                    out: str) -> None:
+    from primekit.distributed import reduce_metrics
     from primekit.factory import build_rl_trainer
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -121,7 +122,7 @@ def _resume_worker(rank: int, world: int, init_file: str, policy: str, run_a: st
         _steps(trainer, 1)
         trainer.save()  # step 3, sharded over 2 ranks
         saved = _full_state(trainer)
-        after = _steps(trainer, 1)  # step 4, uninterrupted at 2 ranks
+        after = [reduce_metrics(m) for m in _steps(trainer, 1)]  # step 4, uninterrupted
         final = _full_state(trainer)
         if rank == 0:
             torch.save({"loaded": loaded, "saved": saved, "after": after, "final": final},
@@ -155,7 +156,7 @@ def test_sharded_checkpoints_resume_across_world_sizes(sft_model_dir, tmp_path):
     assert resumed.step == 3
     _assert_same_state(_full_state(resumed), w["saved"])
     after = _steps(resumed, 1)
-    for key in ("reward/outcome_mean", "prm/loss", "policy/pg_loss"):
+    for key in ("reward/outcome_mean", "prm/loss", "policy/loss"):
         assert abs(after[0][key] - w["after"][0][key]) < 1e-4, key
     final = _full_state(resumed)
     for name in ("policy", "prm"):
