@@ -93,7 +93,12 @@ def prepare_model(model: torch.nn.Module, placement: Placement,
     if placement.activation_checkpointing:
         if not hasattr(model, "gradient_checkpointing_enable"):
             raise ValueError(f"{type(model).__name__} cannot checkpoint activations")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.20
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model, "config"):
             model.config.use_cache = False
     if not placement.trainable:

@@ -156,7 +156,7 @@ def test_sharded_checkpoints_resume_across_world_sizes(sft_model_dir, tmp_path):
     assert resumed.step == 3
     _assert_same_state(_full_state(resumed), w["saved"])
     after = _steps(resumed, 1)
-    for key in ("reward/outcome_mean", "prm/loss", "policy/loss"):
+    for key in ("reward/outcome_mean", "prm/loss", "prm/acc_abs"):
         assert abs(after[0][key] - w["after"][0][key]) < 1e-4, key
     final = _full_state(resumed)
     for name in ("policy", "prm"):
@@ -213,13 +213,14 @@ def test_paper_7b_config_runs_on_two_ranks_with_the_gpu_code_path(sft_model_dir,
     # checkpoints; then resumed in a single process, and exported. Changed for a CPU and a
     # tiny model: the device, sizes, the filter (the tiny model fails most problems) and the chat
     # template (the tiny tokenizer has none).
-    data = tmp_path / "math.jsonl"
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(1, 9) for b in range(1, 5)]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data, heldout = tmp_path / "math.jsonl", tmp_path / "heldout.jsonl"
+    for path, bs in ((data, range(1, 5)), (heldout, range(5, 7))):
+        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(1, 9) for b in bs]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
     overrides = [
         f"model.policy={sft_model_dir}", "model.use_chat_template=false",
-        f"data.train_path={data}", f"data.eval_path={data}", "data.num_eval=8",
+        f"data.train_path={data}", f"data.eval_path={heldout}", "data.num_eval=8",
         "rollout.max_new_tokens=16", "rollout.micro_batch_size=16", "filter.enabled=false",
         "prm.mini_batch_size=16", "prm.micro_batch_size=4",
         "policy.mini_batch_size=16", "policy.micro_batch_size=4",
