@@ -11,12 +11,13 @@ import torch
 
 from primekit import distributed as dist
 from primekit.config import Config, ConfigError
-from primekit.data.splits import load_splits, verifier_task
-from primekit.models.hf import check_model_path, load_model, load_tokenizer
+from primekit.data.splits import verifier_task
+from primekit.models.hf import check_model_path, load_model
 from primekit.rollout.base import RolloutEngine
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 from primekit.trainer.experience import TokenRewarder
 from primekit.trainer.rl import RLTrainer
+from primekit.validate import model_roles, validated_inputs
 from primekit.verifiers import Verifier, build_verifier
 
 
@@ -27,12 +28,13 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
     if cfg.rollout.backend != "hf" and engine is None:
         raise ConfigError(f"rollout.backend: {cfg.rollout.backend!r} is not available yet; "
                           f"use rollout.backend=hf")
+    # Model directories, data and device first: a bad input fails before any model loads.
+    inputs = validated_inputs(cfg, roles=model_roles(cfg))
     set_threads(cfg.train.threads)
     seed_everything(cfg.train.seed + dist.rank())
     device = resolve_device(cfg.train.device)
     m, a = cfg.model, cfg.algorithm
-    check_model_path(m.policy, "model.policy")
-    tokenizer = load_tokenizer(m.policy)
+    tokenizer = inputs.tokenizer
     policy = load_model(m.policy, dtype=model_dtype(m.dtype), device=str(device),
                         trust_remote_code=m.trust_remote_code)
     ref = None
@@ -51,9 +53,8 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
         engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
     if verifier is None:
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)
-    train_problems, eval_problems = load_splits(cfg)
     trainer = RLTrainer(cfg, policy=policy, tokenizer=tokenizer, engine=engine, verifier=verifier,
-                        train_problems=train_problems, eval_problems=eval_problems,
+                        train_problems=inputs.train_problems, eval_problems=inputs.eval_problems,
                         rewarder=rewarder, ref=ref, critic=critic)
     if resume:
         trainer.resume()
