@@ -32,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import uuid
 import warnings
 from pathlib import Path
@@ -46,6 +47,18 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp-"
+
+
+# Test hook for the fault-injection suite (tests/trainer/test_reliability_faults.py): with
+# PRIMEKIT_FAULT="<phase>@<step>" the process kills itself with SIGKILL at that phase of saving
+# that step. Phases: "<model name>" (that model written), "state" (every file written),
+# "renamed" (the checkpoint renamed into place), "latest" (`latest` updated, before pruning).
+FAULT_ENV = "PRIMEKIT_FAULT"
+
+
+def _fault_point(phase: str, final: Path) -> None:
+    if os.environ.get(FAULT_ENV) == f"{phase}@{_step_of(final)}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -289,11 +302,13 @@ def _write(
         for name, entry in models.items():
             model, tokenizer = entry if isinstance(entry, tuple) else (entry, None)
             _save_model(_unwrap(model), tokenizer, tmp / name)
+            _fault_point(name, final)
         torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optimizers.pt")
         torch.save({"world_size": len(rng_states), "ranks": rng_states}, tmp / "rng.pt")
         # Written last: a directory with trainer_state.json is a complete checkpoint.
         (tmp / "trainer_state.json").write_text(state_json + "\n")
         _fsync_tree(tmp)
+        _fault_point("state", final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -306,7 +321,9 @@ def _write(
     else:
         os.rename(tmp, final)
     _fsync_dir(root)
+    _fault_point("renamed", final)
     _write_latest(root, final.name)
+    _fault_point("latest", final)
 
     if keep_last is not None:
         step = _step_of(final)

@@ -170,24 +170,29 @@ def owned(cfg: Config, *, resume: bool, overwrite: bool) -> Iterator[Path | None
             yield path
 
 
+# How a full disk shows when the writer gives no errno: torch.save's stream writer, safetensors'
+# Rust writer.
+_DISK_FULL = ("No space left on device", "StorageFull", "file write failed", "unexpected pos",
+              "PytorchStreamWriter failed")
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
 @contextmanager
 def write_errors(run_dir: Path) -> Iterator[None]:
     """Turn a failed write under `run_dir` into one `RunDirError` line: the path and the cause.
 
-    torch.save reports a full disk as a RuntimeError ("file write failed", "unexpected pos"),
-    which carries no errno; it is reported with the free space left."""
+    Checkpoints are written atomically, so the previous one is intact whenever this fires."""
     try:
         yield
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
-                           errno.EIO):
+        if e.errno not in _WRITE_ERRNOS:
             raise
         where = e.filename or run_dir
         raise RunDirError(f"cannot write {where}: {_cause(e)}; the previous checkpoint is "
                           f"intact") from None
-    except RuntimeError as e:
+    except Exception as e:
         text = str(e)
-        if not any(m in text for m in ("file write failed", "unexpected pos", "PytorchStreamWriter")):
+        if not any(marker in text for marker in _DISK_FULL):
             raise
         free = shutil.disk_usage(run_dir).free if run_dir.exists() else 0
         raise RunDirError(f"cannot write a checkpoint under {run_dir}: the write failed with "
