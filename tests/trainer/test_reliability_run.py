@@ -118,7 +118,7 @@ def test_signal_mid_step_finishes_saves_and_says_how_to_resume(
 
     monkeypatch.setattr(factory, "build_verifier", lambda *a, **k: SignalOnFirstBatch(signum))
     run = tmp_path / "run"
-    overrides = rl_overrides(run) + ["train.steps=5"]
+    overrides = rl_overrides(run, "train.steps=5", "eval.k=1", "eval.num_problems=2")
     rc = cli.main(_argv(overrides))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == status, err
@@ -132,7 +132,8 @@ def test_signal_mid_step_finishes_saves_and_says_how_to_resume(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     # The printed command continues the run (to step 2 here, to stay short).
     monkeypatch.setattr(factory, "build_verifier", lambda *a, **k: SignalOnFirstBatch(0, 0))
-    assert cli.main(_argv(rl_overrides(run) + ["train.steps=2"], "--resume")) == 0
+    assert cli.main(_argv(rl_overrides(run, "train.steps=2", "eval.k=1", "eval.num_problems=2"),
+                          "--resume")) == 0
     assert ckpt.latest_checkpoint(run) == run / "checkpoints" / "step_000002"
 
 
