@@ -31,7 +31,9 @@ def _cmd(overrides: list[str], *flags: str) -> list[str]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
+    # Wide enough that rich does not wrap the "resumed from <path>" line.
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "500",
+            **extra}
 
 
 def _train(overrides: list[str], *flags: str, **env: str) -> subprocess.CompletedProcess:
