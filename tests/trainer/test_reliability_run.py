@@ -111,7 +111,9 @@ class SignalOnFirstBatch:
         return [Verdict.correct() if len(r) % 2 == 0 else Verdict.incorrect() for r in responses]
 
 
-@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# SIGTERM repeats the same path (about 25 s); the default tier runs SIGINT, the slow tier both.
+@pytest.mark.parametrize("signum,status", [
+    (signal.SIGINT, 130), pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow)])
 def test_signal_mid_step_finishes_saves_and_says_how_to_resume(
         signum, status, rl_overrides, tmp_path, capsys, monkeypatch):
     import primekit.factory as factory
