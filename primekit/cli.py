@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="online RL: PRIME or an outcome-only baseline")
     _add_common(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="empty train.run_dir first if it holds an earlier run")
     p = sub.add_parser("eval", help="greedy pass@1, avg@k and pass@k on held-out problems")
     _add_common(p)
     p.add_argument("--model", default=None, help="model to evaluate (default: model.policy)")
@@ -111,14 +113,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad data rows, missing model directories, ...
         print(f"primekit: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # the run's own failures that have a one-line message
+        from primekit.trainer.outcomes import one_line_failure
+
+        return one_line_failure(e, args)
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save
+        print("primekit: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
 def _run_distributed_command(args, cfg) -> None:
     if args.command == "train":
         from primekit.factory import build_rl_trainer
+        from primekit.trainer import rundir, signals
 
-        build_rl_trainer(cfg, resume=args.resume).train()
+        with rundir.owned(cfg, resume=args.resume, overwrite=args.overwrite), \
+                signals.graceful_stop():
+            build_rl_trainer(cfg, resume=args.resume).train()
     else:
         from primekit.logging import print_table
         from primekit.trainer.eval import evaluate_checkpoint

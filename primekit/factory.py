@@ -11,14 +11,15 @@ import torch
 
 from primekit import distributed as dist
 from primekit.config import Config, ConfigError
-from primekit.data.splits import load_splits, verifier_task
-from primekit.models.hf import check_model_path, load_model, load_tokenizer
+from primekit.data.splits import verifier_task
+from primekit.models.hf import check_model_path, load_model
 from primekit.models.logprobs import critic_values, score_tokens
 from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 from primekit.trainer.experience import TokenRewarder
 from primekit.trainer.rl import RLTrainer, per_rank
+from primekit.validate import model_roles, validated_inputs
 from primekit.verifiers import Verifier, build_verifier
 
 
@@ -34,12 +35,13 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
         from primekit.rollout.vllm import require_vllm
 
         require_vllm()  # before any model is loaded: a missing extra fails in seconds
+    # Model directories, data and device first: a bad input fails before any model loads.
+    inputs = validated_inputs(cfg, roles=model_roles(cfg))
     set_threads(cfg.train.threads)
     seed_everything(cfg.train.seed + dist.rank())
     device = resolve_device(cfg.train.device)
     m, a = cfg.model, cfg.algorithm
-    check_model_path(m.policy, "model.policy")
-    tokenizer = load_tokenizer(m.policy)
+    tokenizer = inputs.tokenizer
     policy = load_placed(cfg, m.policy, device, trainable=True)
     ref = None
     # The implicit PRM's log-ratio and a KL term need a reference; with prm.reference=rollout
@@ -72,9 +74,8 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
                                  own_copy=own_copy)
     if verifier is None:
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)
-    train_problems, eval_problems = load_splits(cfg)
     trainer = RLTrainer(cfg, policy=policy, tokenizer=tokenizer, engine=engine, verifier=verifier,
-                        train_problems=train_problems, eval_problems=eval_problems,
+                        train_problems=inputs.train_problems, eval_problems=inputs.eval_problems,
                         rewarder=rewarder, ref=ref, critic=critic)
     if resume:
         trainer.resume()

@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     # L2: the trainer and the explicit reward models, neither of which imports the other.
     "primekit.trainer": 2,
     "primekit.reward_models": 2,
+    # Checks of a run's inputs (model directories, data, device) before any model is loaded.
+    "primekit.validate": 2,
     # L3, top: entry points, and the factory that hands the trainer its collaborators.
     "primekit.cli": 3,
     "primekit.demo": 3,

@@ -22,6 +22,7 @@ rendered: set `model.system_prompt` to it to train as the paper did.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,10 @@ def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> 
     if answer is None and tests is None:
         raise DatasetError(f"{where}: a row needs field 'answer' or field 'tests', it has neither")
     if answer is not None:
+        if isinstance(answer, float) and not math.isfinite(answer):
+            # json.loads reads NaN and Infinity; as a gold answer "nan" would grade as a string.
+            raise DatasetError(f"{where}: field 'answer' must be a finite number or a string, "
+                               f"got {answer!r}")
         if isinstance(answer, int | float) and not isinstance(answer, bool):
             answer = str(answer)
         if not isinstance(answer, str):
@@ -159,8 +164,13 @@ def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> 
 
 
 def _read_jsonl(path: Path):
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DatasetError(f"{path.name} line {lineno}: not valid UTF-8 (byte "
+                                   f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -179,9 +189,9 @@ def _read_parquet(path: Path):
         try:
             import pandas as pd
         except ImportError:
-            raise ImportError(
-                f"reading {path.name} needs pyarrow or pandas; install the data extra: "
-                "pip install 'primekit[data]'"
+            raise DatasetError(
+                f"{path.name}: reading parquet needs pyarrow (or pandas); install the data "
+                "extra: pip install 'primekit[data]'"
             ) from None
         rows = pd.read_parquet(path).to_dict("records")
     for i, row in enumerate(rows, start=1):
@@ -193,7 +203,7 @@ def load_problems(path: str | Path, *, task: str | None = None) -> list[Problem]
 
     `task` is the default for rows without a "task" field. Raises DatasetError (a ValueError)
     naming the file, line/row and field for a malformed row or invalid JSON, and for an id
-    that repeats.
+    that repeats, invalid UTF-8, a file without rows, and parquet without a reader installed.
     """
     path = Path(path)
     if not path.is_file():
@@ -216,6 +226,8 @@ def load_problems(path: str | Path, *, task: str | None = None) -> list[Problem]
             )
         first_seen[problem.id] = where
         problems.append(problem)
+    if not problems:
+        raise DatasetError(f"{path.name} has no rows ({str(path)!r} is empty or blank)")
     return problems
 
 

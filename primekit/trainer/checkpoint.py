@@ -37,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -54,6 +55,19 @@ WEIGHTS = "weights"  # the DCP directory inside a checkpoint
 HF = "hf"  # per-model HF config and tokenizer files
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp-"
+
+
+# Test hook for the fault-injection suite (tests/trainer/test_reliability_faults.py): with
+# PRIMEKIT_FAULT="<phase>@<step>" the process kills itself with SIGKILL at that phase of saving
+# that step. Phases: "weights" (every rank's shards written), "<model name>" (that model's HF
+# config and tokenizer written), "state" (every file written),
+# "renamed" (the checkpoint renamed into place), "latest" (`latest` updated, before pruning).
+FAULT_ENV = "PRIMEKIT_FAULT"
+
+
+def _fault_point(phase: str, final: Path) -> None:
+    if os.environ.get(FAULT_ENV) == f"{phase}@{_step_of(final)}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -268,6 +282,7 @@ def save_checkpoint(
         weights = _weights_state({k: m for k, (m, _) in models.items()}, optimizers)
         with _quiet_single_process():
             dcp.save(weights, checkpoint_id=str(tmp / WEIGHTS), no_dist=dist.world_size() == 1)
+        _fault_point("weights", final)
     error = None
     if dist.is_main():
         try:
@@ -297,10 +312,12 @@ def _write(
     root = final.parent
     for name, (model, tokenizer) in models.items():
         _save_hf_files(model, tokenizer, tmp / HF / name)
+        _fault_point(name, final)
     torch.save({"world_size": len(rng_states), "ranks": rng_states}, tmp / "rng.pt")
     # Written last: a directory with trainer_state.json is a complete checkpoint.
     (tmp / "trainer_state.json").write_text(state_json + "\n")
     _fsync_tree(tmp)
+    _fault_point("state", final)
 
     if final.exists():  # re-saving a step, e.g. after resuming from an earlier checkpoint
         old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex}"
@@ -310,7 +327,9 @@ def _write(
     else:
         os.rename(tmp, final)
     _fsync_dir(root)
+    _fault_point("renamed", final)
     _write_latest(root, final.name)
+    _fault_point("latest", final)
 
     if keep_last is not None:
         step = _step_of(final)

@@ -58,6 +58,7 @@ from primekit.models.parallel import grad_norm_value
 from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, concat_batches
 from primekit.rollout.batching import iter_micro_batches, row_chunks
 from primekit.trainer import checkpoint as ckpt
+from primekit.trainer import guards, signals
 from primekit.trainer.eval import evaluate
 from primekit.trainer.experience import Experience, PromptSampler, TokenRewarder
 from primekit.verifiers import Verifier, verdict_stats
@@ -127,6 +128,7 @@ class RLTrainer:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
                 while self.step < cfg.steps:
+                    self._stop_if_signalled()
                     metrics = self.train_step()
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
@@ -156,9 +158,12 @@ class RLTrainer:
         timing: dict[str, float] = {}
         t_step = time.perf_counter()
         exp, metrics = self.collect(timing)
+        metrics["train/nonfinite_skipped"] = 0
         if exp is None:  # the filter kept nothing: no update this step
             metrics["timing/step"] = time.perf_counter() - t_step
             return {k: float(v) for k, v in metrics.items()}
+        if not self._finite("reward/outcome", exp.outcome_rewards):
+            return self._skipped(metrics, t_step)
         with timed(timing, "old_logprobs"):
             exp.old_logprobs = self.old_logprobs(exp.batch)
         if self.cfg.policy.old_logprobs == "recompute":  # the sampler's vs the trainer's
@@ -167,11 +172,16 @@ class RLTrainer:
                                             exp.response_mask.to(cpu)))
         with timed(timing, "ref_logprobs"):
             exp.ref_logprobs = self.ref_logprobs(exp.batch, exp.old_logprobs)
+        if not (self._finite("old_logprobs", exp.old_logprobs, exp.response_mask)
+                and self._finite("ref_logprobs", exp.ref_logprobs, exp.response_mask)):
+            return self._skipped(metrics, t_step)
         if self.rewarder is not None:  # times itself: PRM update, forward and re-score
             exp.token_rewards, reward_metrics = self.rewarder.rewards(
                 exp.batch, outcome_rewards=exp.outcome_rewards, group_ids=exp.group_ids,
                 ref_logprobs=exp.ref_logprobs)
             metrics.update(reward_metrics)
+            if not self._finite("reward/token", exp.token_rewards, exp.response_mask):
+                return self._skipped(metrics, t_step)
         if self.critic is not None:
             with timed(timing, "critic_values"):
                 exp.values = batch_values(self.critic, exp.batch, self.cfg.policy.micro_batch_size)
@@ -187,11 +197,14 @@ class RLTrainer:
                                              mask, cap=self.cfg.policy.tis_cap)  # [N, T]
             exp.advantages = exp.advantages * w.to(exp.advantages.device)
             metrics["rollout/tis_weight_mean"] = w.sum() / mask.sum()
+        if not self._finite("advantages", exp.advantages, exp.response_mask):
+            return self._skipped(metrics, t_step)
         if self.critic is not None:
             with timed(timing, "critic_update"):
                 metrics.update(self.update_critic(exp))
         with timed(timing, "policy_update"):
             metrics.update(self.update_policy(exp))
+        metrics["train/nonfinite_skipped"] = metrics.pop("policy/nonfinite_skipped")
         with timed(timing, "weight_sync"):
             self.engine.sync_weights(self.policy)
         metrics.update(self.batch_metrics(exp))
@@ -199,6 +212,18 @@ class RLTrainer:
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
         metrics["throughput/update_tokens_per_s"] = exp.response_mask.sum() / timing["policy_update"]
+        return {k: float(v) for k, v in metrics.items()}
+
+    def _finite(self, quantity: str, value: torch.Tensor, mask: torch.Tensor | None = None) -> bool:
+        """train.on_nonfinite: False to skip the step, NonFiniteError to abort (guards.py)."""
+        return guards.is_finite(quantity, value, step=self.step + 1,
+                                mode=self.cfg.train.on_nonfinite, mask=mask)
+
+    def _skipped(self, metrics: dict, t_step: float) -> dict[str, float]:
+        """A step dropped by the numeric guard: no policy update; the weights must be sound."""
+        guards.check_weights({k: m for k, (m, _) in self._trainable().items()}, step=self.step + 1)
+        metrics.update({"train/skipped": 1, "train/nonfinite_skipped": 1,
+                        "timing/step": time.perf_counter() - t_step})
         return {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ collect
@@ -352,7 +377,7 @@ class RLTrainer:
         for group in self.policy_opt.param_groups:
             group["lr"] = lr
         self.policy.train()
-        sums, count = MetricSums(), 0
+        sums, count, skipped = MetricSums(), 0, 0
         for _ in range(cfg.ppo_epochs):
             for mini in row_chunks(len(exp), self.mini_batch_rows):
                 self.policy_opt.zero_grad(set_to_none=True)
@@ -384,10 +409,15 @@ class RLTrainer:
                     sums.add({**lm, **em}, weight=len(rows))
                     count += len(rows)
                 norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
-                sums.add({"policy/grad_norm": grad_norm_value(norm)}, weight=len(mini))
+                norm = grad_norm_value(norm)
+                if not self._finite("policy/grad_norm", norm):  # skip this optimiser step
+                    self.policy_opt.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                sums.add({"policy/grad_norm": norm}, weight=len(mini))
                 self.policy_opt.step()
         self.policy.eval()
-        return {**sums.means(count), "policy/lr": lr}
+        return {**sums.means(count), "policy/lr": lr, "policy/nonfinite_skipped": skipped}
 
     def update_critic(self, exp: Experience) -> dict[str, torch.Tensor]:
         """Clipped value loss towards the estimator's returns, one pass over mini-batches."""
@@ -461,6 +491,18 @@ class RLTrainer:
         if self.critic is not None:
             out["critic"] = (self.critic, self.critic_opt)
         return out
+
+    def _stop_if_signalled(self) -> None:
+        """Between steps: after SIGINT/SIGTERM, save (unless this step is saved) and stop."""
+        signum = signals.requested() or 0
+        if dist.world_size() > 1:  # every rank stops after the same step
+            signum = int(dist.reduce_metrics({"signal": signum}, op="max")["signal"])
+        if not signum:
+            return
+        path = ckpt.latest_checkpoint(Path(self.cfg.train.run_dir))
+        if self.step > 0 and path != ckpt.checkpoint_dir(Path(self.cfg.train.run_dir), self.step):
+            path = self.save()
+        raise signals.Stopped(signum, self.step, path)
 
     def save(self) -> Path:
         trainable = self._trainable()

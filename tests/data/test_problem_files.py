@@ -99,7 +99,8 @@ def test_parquet_without_pyarrow_or_pandas_says_what_to_install(tmp_path, monkey
     # A None entry in sys.modules makes `import` raise ImportError.
     for mod in ("pyarrow", "pyarrow.parquet", "pandas"):
         monkeypatch.setitem(sys.modules, mod, None)
-    with pytest.raises(ImportError, match=r"primekit\[data\]"):
+    with pytest.raises(DatasetError,
+                       match=r"data.parquet: reading parquet needs pyarrow.*primekit\[data\]"):
         load_problems(tmp_path / "data.parquet")
 
 
@@ -238,3 +239,22 @@ def _eurus(**over):
 def test_eurus_schema_errors_name_the_line_and_field(tmp_path, row, message):
     with pytest.raises(DatasetError, match=re.escape(message)):
         load_problems(_write(tmp_path / "eurus.jsonl", [row]))
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"prompt": "a", "answer": NaN}\n', "data.jsonl line 1: field 'answer' must be a finite"),
+    ('\n{"prompt": "a", "answer": -Infinity}\n', "data.jsonl line 2: field 'answer' must be"),
+    ("", "data.jsonl has no rows"),
+    ("\n \n\t\n", "data.jsonl has no rows"),
+])
+def test_non_finite_answers_and_empty_files_are_rejected(tmp_path, text, message):
+    (tmp_path / "data.jsonl").write_text(text)
+    with pytest.raises(DatasetError, match=message):
+        load_problems(tmp_path / "data.jsonl")
+
+
+def test_invalid_utf8_names_file_line_and_byte(tmp_path):
+    (tmp_path / "data.jsonl").write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xc3("}\n')
+    with pytest.raises(DatasetError, match=r"data.jsonl line 2: not valid UTF-8 \(byte 0xc3 at "
+                                           r"column 13\)"):
+        load_problems(tmp_path / "data.jsonl")

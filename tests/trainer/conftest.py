@@ -51,3 +51,9 @@ def rl_config(sft_model_dir: Path, tmp_path: Path):
         return load_config(CONFIG, small_overrides(sft_model_dir, tmp_path / "run") + list(extra))
 
     return make
+
+
+@pytest.fixture
+def rl_overrides(sft_model_dir: Path):
+    """`small_overrides` as `primekit train` arguments: rl_overrides(run_dir, *extra)."""
+    return lambda run_dir, *extra: small_overrides(sft_model_dir, run_dir) + list(extra)

@@ -1,0 +1,200 @@
+"""The run directory is owned by one training process, holds one run, and resumes only the same
+experiment.
+
+`owned(cfg, resume=..., overwrite=...)` wraps a training run (the CLI's `primekit train`):
+
+- a lock file `run_dir/.lock` (an exclusive `flock`, released by the kernel when the process
+  dies, so a crashed run never leaves a stale lock) holds the owner's PID and host; a second
+  writer is refused with one line naming them;
+- a fresh run (no `--resume`) in a directory that already holds a run is refused unless
+  `--overwrite` is given, which empties the directory first;
+- `--resume` compares the run's config with the one stored in the latest checkpoint: a change to
+  a field that changes the experiment is refused with the list of changes; the fields in
+  `MAY_CHANGE` may change and each change is printed.
+
+Every refusal is a `ConfigError` (exit status 2) raised before any model is loaded. Write errors
+of the run itself (a full disk, a read-only directory) go through `write_errors`, which turns
+them into one `RunDirError` line naming the path and the cause.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from primekit import distributed as dist
+from primekit.config import Config, ConfigError
+from primekit.logging import console
+from primekit.trainer import checkpoint as ckpt
+
+LOCK = ".lock"
+
+# Fields a resumed run may change: how long it runs, how often it evaluates, saves and logs, where
+# and with how many threads or workers. Batch splitting into micro-batches may change too (a
+# resume that changes one is exact only up to float rounding). Sections that `primekit train`
+# does not read (sft, orm, step_prm, hack_check) never matter. Everything else is the experiment.
+MAY_CHANGE = (
+    "train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints",
+    "train.report_to", "train.threads", "train.device", "train.run_dir", "train.on_nonfinite",
+    "eval.", "verifier.math_workers", "verifier.code_workers", "rollout.micro_batch_size",
+    "policy.micro_batch_size", "prm.micro_batch_size", "sft.", "orm.", "step_prm.",
+    "hack_check.",
+)
+
+
+class RunDirError(RuntimeError):
+    """Writing the run directory failed (disk full, read-only, permission); one line."""
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(refused, allowed): "field old -> new" for each field that differs between two
+    `Config.to_dict()` mappings (JSON round-tripped). Fields only one side has (a config written
+    by another primekit version) are not compared."""
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current)))
+    refused, allowed = [], []
+    for key in sorted(set(old) & set(new)):
+        if old[key] != new[key]:
+            change = f"{key} {old[key]!r} -> {new[key]!r}"
+            (allowed if key.startswith(MAY_CHANGE) else refused).append(change)
+    return refused, allowed
+
+
+def check_resume(cfg: Config) -> Path:
+    """The checkpoint `--resume` will load; refuses a config that changes the experiment."""
+    run_dir = Path(cfg.train.run_dir)
+    path = ckpt.latest_checkpoint(run_dir)
+    if path is None:
+        raise ConfigError(f"--resume: no complete checkpoint under {str(run_dir)!r}")
+    try:
+        saved = json.loads((path / "trainer_state.json").read_text()).get("config")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume: cannot read {path / 'trainer_state.json'}: {e}") from None
+    if saved is None:
+        console.print(f"[yellow]resume: {path} stores no config; not compared[/]")
+        return path
+    refused, allowed = config_changes(saved, cfg.to_dict())
+    if refused:
+        raise ConfigError(
+            f"--resume: {path} was trained with a different experiment: {'; '.join(refused)}. "
+            f"Resume with the checkpoint's values, or start a new run in another train.run_dir")
+    for change in allowed:
+        console.print(f"resume: {change}")
+    return path
+
+
+def _contents(run_dir: Path) -> list[Path]:
+    return sorted(p for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
+
+
+def check_fresh(cfg: Config, overwrite: bool) -> None:
+    """A fresh run needs an empty run directory; `overwrite` empties it."""
+    run_dir = Path(cfg.train.run_dir)
+    contents = _contents(run_dir)
+    if not contents:
+        return
+    if not overwrite:
+        names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in contents[:4])
+        raise ConfigError(
+            f"train.run_dir: {str(run_dir)!r} already holds a run ({names}); continue it with "
+            f"--resume, or discard it with --overwrite")
+    for p in contents:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    console.print(f"--overwrite: emptied {run_dir}")
+
+
+def _cause(e: OSError) -> str:
+    return e.strerror or os.strerror(e.errno) if e.errno else str(e)
+
+
+@contextmanager
+def _lock(run_dir: Path) -> Iterator[None]:
+    import fcntl
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"train.run_dir: cannot write to {str(run_dir)!r}: {_cause(e)}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise ConfigError(f"train.run_dir: {str(run_dir)!r} is in use by {holder} (lock file "
+                              f"{run_dir / LOCK}); wait for it or use another run_dir") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+            os.fsync(fd)
+        except OSError as e:
+            raise ConfigError(f"train.run_dir: cannot write to {str(run_dir)!r}: "
+                              f"{_cause(e)}") from None
+        yield
+    finally:
+        os.close(fd)  # releases the flock; the file stays (removing it would race a waiter)
+
+
+@contextmanager
+def owned(cfg: Config, *, resume: bool, overwrite: bool) -> Iterator[Path | None]:
+    """Own `train.run_dir` for a training run (main rank only; the other ranks only train).
+
+    Yields the checkpoint a resume will load (None for a fresh run)."""
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite: choose one (continue the run, or discard it)")
+    if not dist.is_main():
+        yield None
+        return
+    run_dir = Path(cfg.train.run_dir)
+    with _lock(run_dir):
+        path = check_resume(cfg) if resume else None
+        if not resume:
+            check_fresh(cfg, overwrite)
+        with write_errors(run_dir):
+            yield path
+
+
+# How a full disk shows when the writer gives no errno: torch.save's stream writer, safetensors'
+# Rust writer.
+_DISK_FULL = ("No space left on device", "StorageFull", "file write failed", "unexpected pos",
+              "PytorchStreamWriter failed")
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+@contextmanager
+def write_errors(run_dir: Path) -> Iterator[None]:
+    """Turn a failed write under `run_dir` into one `RunDirError` line: the path and the cause.
+
+    Checkpoints are written atomically, so the previous one is intact whenever this fires."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            raise
+        where = e.filename or run_dir
+        raise RunDirError(f"cannot write {where}: {_cause(e)}; the previous checkpoint is "
+                          f"intact") from None
+    except Exception as e:
+        text = str(e)
+        if not any(marker in text for marker in _DISK_FULL):
+            raise
+        free = shutil.disk_usage(run_dir).free if run_dir.exists() else 0
+        raise RunDirError(f"cannot write a checkpoint under {run_dir}: the write failed with "
+                          f"{free} bytes free on its disk ({text.splitlines()[0][:120]}); the "
+                          f"previous checkpoint is intact") from None

@@ -1,0 +1,186 @@
+"""Check a run's inputs before any model is loaded: model directories, the data, the runtime.
+
+Config values (types, ranges, finiteness, combinations) are checked by `primekit.config` when the
+config is loaded; what needs the file system, the tokenizer or the device is checked here, so a
+bad input costs seconds instead of a model load, a training run and a lost checkpoint. Every
+failure is a `ConfigError` (a ValueError) whose one-line message starts with the config field and
+names the file, line or key at fault; the CLI prints it and exits with status 2.
+
+`validated_inputs(cfg)` is the entry point; `primekit.factory` calls it first.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from primekit.config import Config, ConfigError
+from primekit.data.problem import Problem
+from primekit.data.splits import encode_prompts, load_splits
+from primekit.models.hf import check_model_path, load_tokenizer
+
+# What makes a local directory loadable by `from_pretrained`: a config, weights, a tokenizer.
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class Inputs:
+    """What validation had to load anyway, handed on so that nothing is read twice."""
+
+    tokenizer: object
+    train_problems: list[Problem]
+    eval_problems: list[Problem]
+
+
+def _check_safetensors(path: Path, field: str) -> None:
+    """The header of a safetensors file parses and its tensors fit in the file (a truncated or
+    overwritten file fails here, not as a traceback from deep inside transformers)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("shorter than a safetensors header")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                raise ValueError(f"header length {n} does not fit in {size} bytes")
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+        if 8 + n + end > size:
+            raise ValueError(f"the tensors need {8 + n + end} bytes, the file has {size}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ConfigError(f"{field}: weights file {str(path)!r} is unreadable or corrupt: "
+                          f"{e}") from None
+
+
+def check_model_dir(path: str | None, field: str, *, tokenizer: bool = False) -> None:
+    """A local model directory has a config.json, readable weights and (if `tokenizer`) tokenizer
+    files. Hub ids (no such local path) are left to `from_pretrained`."""
+    if path is None:
+        return
+    check_model_path(path, field)
+    root = Path(path).expanduser()
+    if not root.exists():
+        return  # a hub id
+    if not root.is_dir():
+        raise ConfigError(f"{field}: {path!r} is a file, not a model directory")
+    if not (root / "config.json").is_file():
+        raise ConfigError(f"{field}: {path!r} has no config.json (not a model directory)")
+    weights = [p for pattern in WEIGHT_PATTERNS for p in sorted(root.glob(pattern))]
+    if not weights:
+        raise ConfigError(f"{field}: {path!r} has no weights (*.safetensors or *.bin)")
+    for file in weights:
+        if file.suffix == ".safetensors":
+            _check_safetensors(file, field)
+    if tokenizer and not any((root / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{field}: {path!r} has no tokenizer (none of {list(TOKENIZER_FILES)})")
+
+
+def context_length(path: str, trust_remote_code: bool) -> int | None:
+    """The model's longest sequence (max_position_embeddings or n_positions), if it says."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(Path(path).expanduser()),
+                                            trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.policy: cannot read the model config of {path!r}: "
+                          f"{str(e).splitlines()[0]}") from None
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_runtime(cfg: Config) -> None:
+    """Settings that only the resolved device can judge."""
+    from primekit.runtime import resolve_device
+
+    device = resolve_device(cfg.train.device)
+    if cfg.model.dtype == "float16" and device.type == "cpu":
+        raise ConfigError("model.dtype: float16 on the CPU overflows in sampling (NaN "
+                          "probabilities); use float32 or bfloat16, or train on a GPU")
+
+
+def check_problem_lengths(prompt_ids: list[list[int]], problems: list[Problem], field: str,
+                          max_new_tokens: int, context: int | None) -> None:
+    """Every prompt plus `max_new_tokens` fits in the model's context."""
+    if context is None:
+        return
+    for ids, problem in zip(prompt_ids, problems):
+        if len(ids) + max_new_tokens > context:
+            where = problem.meta.get("location", problem.id)
+            raise ConfigError(
+                f"{field}: {where}: the prompt is {len(ids)} tokens; with {max_new_tokens} new "
+                f"tokens that exceeds the model's context of {context} tokens")
+
+
+def _data_field(cfg: Config, which: str) -> str:
+    if cfg.data.source != "file":
+        return "data.source"
+    if which == "eval" and cfg.data.eval_path:
+        return "data.eval_path"
+    return "data.train_path"
+
+
+def model_roles(cfg: Config) -> dict[str, str | None]:
+    """{config field: directory} of the models an RL run loads besides the policy."""
+    m, a = cfg.model, cfg.algorithm
+    roles: dict[str, str | None] = {}
+    if (a.reward_mode == "prime" and cfg.prm.reference == "sft") or a.kl_coef > 0:
+        roles["model.ref"] = m.ref
+    if a.reward_mode == "prime":
+        roles["model.prm"] = m.prm
+    if a.estimator == "ppo":
+        roles["model.critic"] = m.critic
+    if a.reward_mode in ("explicit-orm", "explicit-prm"):
+        roles["explicit.model_path"] = cfg.explicit.model_path
+    return roles
+
+
+def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None) -> Inputs:
+    """Check everything a training run reads, before any model is loaded; return the tokenizer
+    and the problem splits for the trainer.
+
+    Args:
+        cfg: the run's config.
+        roles: {config field: model directory} of the models the run will load besides the
+            policy (e.g. {"model.prm": ...}); the policy's directory must also hold a tokenizer.
+    """
+    check_runtime(cfg)
+    check_model_dir(cfg.model.policy, "model.policy", tokenizer=True)
+    for field, path in (roles or {}).items():
+        check_model_dir(path, field)
+    try:
+        tokenizer = load_tokenizer(cfg.model.policy)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.policy: cannot load the tokenizer of {cfg.model.policy!r}: "
+                          f"{str(e).splitlines()[0]}") from None
+    train, heldout = load_splits(cfg)
+    if not train:
+        raise ConfigError(f"{_data_field(cfg, 'train')}: no training problems")
+    if not heldout:
+        if cfg.data.source == "file" and not cfg.data.eval_path:
+            raise ConfigError(
+                f"data.train_path: {len(train)} rows leave no held-out problems at "
+                f"data.heldout_fraction={cfg.data.heldout_fraction}; add rows or give "
+                f"data.eval_path")
+        raise ConfigError(f"{_data_field(cfg, 'eval')}: no held-out problems to evaluate on")
+    context = context_length(cfg.model.policy, cfg.model.trust_remote_code)
+    max_eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its "sequence length is longer" warning: we say it better
+    try:
+        check_problem_lengths(encode_prompts(tokenizer, train, cfg), train,
+                              _data_field(cfg, "train"), cfg.rollout.max_new_tokens, context)
+        check_problem_lengths(encode_prompts(tokenizer, heldout, cfg), heldout,
+                              _data_field(cfg, "eval"), max_eval_tokens, context)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return Inputs(tokenizer, train, heldout)
