@@ -44,6 +44,17 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def per_rank(size: int, name: str) -> int:
+    """This rank's share of a global batch size (sequences over all ranks). It must divide
+    evenly, so that W ranks take as many optimiser steps as one process with the whole batch."""
+    if size % world_size():
+        from primekit.config import ConfigError
+
+        raise ConfigError(f"{name}: {size} sequences cannot be split evenly over "
+                          f"{world_size()} ranks")
+    return size // world_size()
+
+
 def barrier() -> None:
     """Wait until every rank reaches this point; a no-op for a single process."""
     if world_size() > 1:

@@ -18,7 +18,7 @@ from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 from primekit.trainer.experience import TokenRewarder
-from primekit.trainer.rl import RLTrainer, per_rank
+from primekit.trainer.rl import RLTrainer
 from primekit.validate import model_roles, validated_inputs
 from primekit.verifiers import Verifier, build_verifier
 
@@ -99,7 +99,7 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     return ImplicitPRM(model, optimizer, beta=p.beta, loss=p.loss, forward=p.forward,
                        group_size=cfg.rollout.n_samples,
-                       mini_batch_size=per_rank(p.mini_batch_size, "prm.mini_batch_size"),
+                       mini_batch_size=dist.per_rank(p.mini_batch_size, "prm.mini_batch_size"),
                        micro_batch_size=p.micro_batch_size, grad_clip=p.grad_clip)
 
 

@@ -6,11 +6,18 @@ splits across mini-batches that keep whole groups, and `group_ids` is simply ara
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from primekit.algorithms import (
+    logprob_mismatch,
+    reward_hacking_metrics,
+    truncated_importance_weights,
+)
+from primekit.config import PolicyConfig
 from primekit.data.problem import Problem
 from primekit.rollout.base import RolloutBatch
 from primekit.verifiers.base import Verdict
@@ -104,3 +111,48 @@ class PromptSampler:
         self.epoch = state["epoch"]
         self.position = state["position"] * saved_world // self.world_size
         self._order = self._permutation()
+
+
+def batch_metrics(exp: Experience, step_delimiter: str) -> dict[str, torch.Tensor | float]:
+    """Response lengths and the reward-hacking diagnostics of a step's batch."""
+    lengths = exp.batch.response_mask.sum(1).float()  # [N]
+    metrics = {"response/len_mean": lengths.mean(), "response/len_max": lengths.max(),
+               "response/truncated_rate": (~exp.batch.finished).float().mean()}
+    hack = reward_hacking_metrics(
+        exp.batch.responses, step_delimiter=step_delimiter, outcome_rewards=exp.outcome_rewards,
+        token_rewards=exp.token_rewards, response_mask=exp.response_mask)
+    # An undefined correlation (constant rewards) is left out, as other undefined metrics are.
+    metrics.update({k: v for k, v in hack.items() if math.isfinite(v)})
+    return metrics
+
+
+def correct_for_sampler(exp: Experience, policy: PolicyConfig) -> dict[str, torch.Tensor]:
+    """With old log-probs recomputed by the trainer: their gap to the sampler's (metrics), and
+    with policy.rollout_correction=tis the truncated importance weights applied to the
+    advantages in place. Weighting each token's clipped loss by w >= 0 is weighting its
+    advantage, since max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)); critic returns stay."""
+    if policy.old_logprobs != "recompute":
+        return {}
+    cpu = exp.old_logprobs.device
+    sampled, mask = exp.batch.sampling_logprobs.to(cpu), exp.response_mask.to(cpu)  # [N, T]
+    metrics = dict(logprob_mismatch(exp.old_logprobs, sampled, mask))
+    if policy.rollout_correction == "tis":
+        w = truncated_importance_weights(exp.old_logprobs, sampled, mask,
+                                         cap=policy.tis_cap)  # [N, T]
+        exp.advantages = exp.advantages * w.to(exp.advantages.device)
+        metrics["rollout/tis_weight_mean"] = w.sum() / mask.sum()
+    return metrics
+
+
+def sample_rows(exp: Experience, tokenizer, n: int) -> list[dict]:
+    """The first `n` responses of a batch with their tokens, verdicts and token rewards: the
+    rows of samples.jsonl (logging.append_samples)."""
+    rows = []
+    for i in range(min(n, len(exp))):
+        valid = exp.batch.response_mask[i].bool()
+        ids = exp.batch.response_ids[i][valid].tolist()
+        rewards = None if exp.token_rewards is None else exp.token_rewards[i][valid].tolist()
+        rows.append({"prompt": exp.problems[i].prompt, "response": exp.batch.responses[i],
+                     "score": exp.verdicts[i].score, "status": exp.verdicts[i].status,
+                     "tokens": [tokenizer.decode([t]) for t in ids], "token_rewards": rewards})
+    return rows

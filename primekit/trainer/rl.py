@@ -14,15 +14,15 @@ bottom as a sequence of synchronous phases, each with explicit inputs and output
 
 No forward pass runs twice: the old log-probs can come from the sampler, the reference log-probs
 stand in for nothing else, and the PRM's single forward both trains it and scores the batch.
-The trainer is given its collaborators (models, rollout engine, verifier, token rewarder);
+Between phases a non-finite reward, log-prob, advantage or gradient norm stops the step
+(`train.on_nonfinite`: abort or skip). The trainer is given its collaborators (models, possibly
+FSDP2-sharded under torchrun, rollout engine, verifier, token rewarder);
 `primekit.factory.build_rl_trainer` builds them from a config.
 """
 
 from __future__ import annotations
 
-import math
 import time
-import warnings
 from math import ceil
 from pathlib import Path
 
@@ -33,18 +33,14 @@ from primekit.algorithms import (
     ESTIMATORS,
     compute_advantages,
     entropy_loss,
-    filter_groups,
     kl_loss,
     kl_penalty,
-    logprob_mismatch,
     loss_agg_count,
     normalize_by_max_abs_return,
     ppo_clip_loss,
-    reward_hacking_metrics,
-    truncated_importance_weights,
     value_loss,
 )
-from primekit.config import Config, ConfigError
+from primekit.config import Config
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
 from primekit.logging import MetricLogger, MetricSums, Progress, append_samples, console, timed
@@ -55,23 +51,21 @@ from primekit.models.logprobs import (
     sequence_values,
 )
 from primekit.models.parallel import grad_norm_value
-from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, concat_batches
+from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from primekit.rollout.batching import iter_micro_batches, row_chunks
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer import guards, signals
+from primekit.trainer.collect import collect_groups, warn_unfilled
 from primekit.trainer.eval import evaluate
-from primekit.trainer.experience import Experience, PromptSampler, TokenRewarder
-from primekit.verifiers import Verifier, verdict_stats
-from primekit.verifiers.mixed import mean_by_task
-
-
-def per_rank(size: int, name: str) -> int:
-    """A global batch size's share on this rank; it must divide evenly, so that W ranks take
-    as many optimiser steps as one process with the whole batch would."""
-    if size % dist.world_size():
-        raise ConfigError(f"{name}: {size} sequences cannot be split evenly over "
-                          f"{dist.world_size()} ranks")
-    return size // dist.world_size()
+from primekit.trainer.experience import (
+    Experience,
+    PromptSampler,
+    TokenRewarder,
+    batch_metrics,
+    correct_for_sampler,
+    sample_rows,
+)
+from primekit.verifiers import Verifier
 
 
 class RLTrainer:
@@ -110,7 +104,7 @@ class RLTrainer:
                                      dist.world_size())
         self.rollout_gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + dist.rank())
         # policy.mini_batch_size counts sequences over all ranks; each rank takes its share.
-        self.mini_batch_rows = per_rank(cfg.policy.mini_batch_size, "policy.mini_batch_size")
+        self.mini_batch_rows = dist.per_rank(cfg.policy.mini_batch_size, "policy.mini_batch_size")
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.resumed_from: Path | None = None
@@ -135,7 +129,7 @@ class RLTrainer:
                         metrics.update(self.evaluate())
                     metrics = dist.reduce_metrics(metrics)
                     logger.log(metrics, step=self.step)
-                    append_samples(Path(cfg.run_dir), self.step, self.sample_rows())
+                    append_samples(Path(cfg.run_dir), self.step, self._sample_rows())
                     self.history.append(metrics)
                     progress.update(advance=1, acc=metrics["reward/outcome_mean_sampled"],
                                     prm_acc=metrics.get("prm/acc_pairwise", "-"))
@@ -166,10 +160,6 @@ class RLTrainer:
             return self._skipped(metrics, t_step)
         with timed(timing, "old_logprobs"):
             exp.old_logprobs = self.old_logprobs(exp.batch)
-        if self.cfg.policy.old_logprobs == "recompute":  # the sampler's vs the trainer's
-            cpu = exp.old_logprobs.device
-            metrics.update(logprob_mismatch(exp.old_logprobs, exp.batch.sampling_logprobs.to(cpu),
-                                            exp.response_mask.to(cpu)))
         with timed(timing, "ref_logprobs"):
             exp.ref_logprobs = self.ref_logprobs(exp.batch, exp.old_logprobs)
         if not (self._finite("old_logprobs", exp.old_logprobs, exp.response_mask)
@@ -188,15 +178,7 @@ class RLTrainer:
         with timed(timing, "advantages"):
             exp.advantages, exp.returns, adv_metrics = self.advantages(exp)
         metrics.update(adv_metrics)
-        if self.cfg.policy.rollout_correction == "tis":
-            # Weighting each token's clipped loss by w >= 0 is weighting its advantage, since
-            # max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)); the critic's returns are kept.
-            cpu = exp.old_logprobs.device
-            mask = exp.response_mask.to(cpu)
-            w = truncated_importance_weights(exp.old_logprobs, exp.batch.sampling_logprobs.to(cpu),
-                                             mask, cap=self.cfg.policy.tis_cap)  # [N, T]
-            exp.advantages = exp.advantages * w.to(exp.advantages.device)
-            metrics["rollout/tis_weight_mean"] = w.sum() / mask.sum()
+        metrics.update(correct_for_sampler(exp, self.cfg.policy))  # mismatch, TIS
         if not self._finite("advantages", exp.advantages, exp.response_mask):
             return self._skipped(metrics, t_step)
         if self.critic is not None:
@@ -207,7 +189,7 @@ class RLTrainer:
         metrics["train/nonfinite_skipped"] = metrics.pop("policy/nonfinite_skipped")
         with timed(timing, "weight_sync"):
             self.engine.sync_weights(self.policy)
-        metrics.update(self.batch_metrics(exp))
+        metrics.update(batch_metrics(exp, self.cfg.explicit.step_delimiter))
         self.last_experience = exp
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
@@ -228,65 +210,18 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ collect
     def collect(self, timing: dict[str, float]) -> tuple[Experience | None, dict]:
-        """Sample, roll out K each, verify and filter, in rounds until B groups are kept.
-
-        Rows of the returned batch are whole groups, contiguous: group g is rows g*K .. g*K+K-1.
-        """
-        cfg, K = self.cfg, self.cfg.rollout.n_samples
-        need = ceil(cfg.train.prompts_per_step / dist.world_size())
-        kept: list[tuple[RolloutBatch, list[Problem], list]] = []  # per round
-        sampled_scores, all_verdicts = [], []
-        groups_seen = groups_kept = rounds = sampled_tokens = 0
+        """Sample, roll out K each, verify and filter, in rounds until B groups are kept."""
+        need = ceil(self.cfg.train.prompts_per_step / dist.world_size())
         timing["rollout"] = timing["verify"] = 0.0
-        while groups_kept < need and rounds < cfg.filter.max_rounds:
-            rounds += 1
-            missing = need - groups_kept
-            n_prompts = missing
-            if cfg.filter.enabled:
-                # Refill rounds scale by this step's keep rate so far, so a last missing group or
-                # two does not cost a round each.
-                rate = groups_kept / groups_seen if groups_seen else 1.0
-                n_prompts = ceil(missing * cfg.filter.oversample / max(rate, 0.1))
-            batch, problems, verdicts = self.rollout_round(n_prompts, timing)
-            sampled_tokens += int(batch.response_mask.sum())
-            scores = torch.tensor([v.score for v in verdicts])  # [n*K]
-            sampled_scores.append(scores)
-            all_verdicts += verdicts
-            groups_seen += len(scores) // K
-            keep = torch.ones(len(scores), dtype=torch.bool)  # [n*K]
-            if cfg.filter.enabled:
-                group_ids = torch.arange(len(scores) // K).repeat_interleave(K)  # [n*K]
-                keep, _ = filter_groups(scores, group_ids, lo=cfg.filter.lo, hi=cfg.filter.hi)
-            rows = keep.nonzero().squeeze(1)[: missing * K]  # whole groups, in order
-            if rows.numel():
-                kept.append((batch.select(rows), [problems[i] for i in rows.tolist()],
-                             [verdicts[i] for i in rows.tolist()]))
-                groups_kept += rows.numel() // K
-        sampled = torch.cat(sampled_scores)
-        metrics = {"reward/outcome_mean_sampled": sampled.mean(),
-                   "filter/keep_rate": groups_kept / max(groups_seen, 1),
-                   "filter/rounds": rounds,
-                   **verdict_stats(all_verdicts),
-                   "throughput/rollout_tokens_per_s": sampled_tokens / timing["rollout"]}
-        groups_kept = self._agree_on_groups(groups_kept)
-        metrics["filter/groups_kept"] = groups_kept
-        if groups_kept < need:
-            self._warn_unfilled(groups_kept, need, rounds, metrics["filter/keep_rate"])
-        metrics["train/skipped"] = float(groups_kept == 0)
-        if groups_kept == 0:
-            return None, metrics
-        batch = concat_batches([b for b, _, _ in kept], pad_id=self.tokenizer.pad_token_id)
-        rows = torch.arange(groups_kept * K)  # [N]; fewer than kept when ranks agreed on less
-        verdicts = [v for _, _, vs in kept for v in vs][: len(rows)]
-        exp = Experience(
-            batch=batch.select(rows) if len(rows) < len(batch.responses) else batch,
-            problems=[p for _, ps, _ in kept for p in ps][: len(rows)], verdicts=verdicts,
-            group_ids=torch.arange(groups_kept).repeat_interleave(K),  # [N]
-            outcome_rewards=torch.tensor([v.score for v in verdicts], dtype=torch.float32))
-        metrics["reward/outcome_mean"] = exp.outcome_rewards.mean()
-        if self.mixed_tasks:  # reward/outcome_mean/math, reward/outcome_mean/code, ...
-            metrics.update({f"reward/outcome_mean/{task}": mean for task, mean in
-                            mean_by_task(exp.problems, exp.outcome_rewards.tolist()).items()})
+        exp, metrics = collect_groups(lambda n: self.rollout_round(n, timing), need=need,
+                                      group_size=self.cfg.rollout.n_samples, filt=self.cfg.filter,
+                                      pad_id=self.tokenizer.pad_token_id,
+                                      per_task=self.mixed_tasks)
+        tokens = metrics.pop("sampled_tokens")
+        metrics["throughput/rollout_tokens_per_s"] = tokens / timing["rollout"]
+        if metrics["filter/groups_kept"] < need and not self._warned_unfilled:
+            self._warned_unfilled = True
+            warn_unfilled(self.step, metrics, need)
         return exp, metrics
 
     def rollout_round(self, n_prompts: int, timing: dict[str, float],
@@ -303,24 +238,6 @@ class RLTrainer:
         with timed(timing, "verify"):
             verdicts = self.verifier.verify_batch(batch.responses, problems)
         return batch, problems, verdicts
-
-    def _agree_on_groups(self, groups_kept: int) -> int:
-        """Every rank must take the same number of optimiser steps, each ending in a gradient
-        all-reduce: all train on the smallest number of groups any rank kept (0: all skip)."""
-        if dist.world_size() == 1:
-            return groups_kept
-        return int(dist.reduce_metrics({"groups": groups_kept}, op="min")["groups"])
-
-    def _warn_unfilled(self, kept: int, need: int, rounds: int, keep_rate: float) -> None:
-        if self._warned_unfilled:  # once per run; filter/groups_kept tracks every step
-            return
-        self._warned_unfilled = True
-        warnings.warn(
-            f"step {self.step}: the online filter kept {kept} of {need} prompt groups after "
-            f"{rounds} rounds (keep rate {keep_rate:.2f}); training on what was kept. Raise "
-            f"filter.max_rounds / filter.oversample, widen filter.lo/hi, or change the data "
-            f"difficulty. (Shown once; see the metric filter/groups_kept for later steps.)",
-            stacklevel=3)
 
     # ------------------------------------------------------------------ score
     def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -442,36 +359,11 @@ class RLTrainer:
         self.critic.eval()
         return sums.means(len(exp))
 
-    def batch_metrics(self, exp: Experience) -> dict[str, torch.Tensor]:
-        """Response lengths and the reward-hacking diagnostics of this step's batch."""
-        lengths = exp.batch.response_mask.sum(1).float()  # [N]
-        metrics = {"response/len_mean": lengths.mean(), "response/len_max": lengths.max(),
-                   "response/truncated_rate": (~exp.batch.finished).float().mean()}
-        hack = reward_hacking_metrics(
-            exp.batch.responses, step_delimiter=self.cfg.explicit.step_delimiter,
-            outcome_rewards=exp.outcome_rewards, token_rewards=exp.token_rewards,
-            response_mask=exp.response_mask)
-        # An undefined correlation (constant rewards) is left out, as other undefined metrics are.
-        metrics.update({k: v for k, v in hack.items() if math.isfinite(v)})
-        return metrics
-
-    def sample_rows(self) -> list[dict]:
-        """The first `viz.samples_per_step` responses of the last update's batch, for
-        samples.jsonl (logging.append_samples); [] after a skipped step."""
-        exp, n = self.last_experience, self.cfg.viz.samples_per_step
-        self.last_experience = None
-        if exp is None or n == 0:
-            return []
-        rows = []
-        for i in range(min(n, len(exp))):
-            ids = exp.batch.response_ids[i][exp.batch.response_mask[i].bool()].tolist()
-            rewards = None if exp.token_rewards is None else (
-                exp.token_rewards[i][exp.batch.response_mask[i].bool()].tolist())
-            rows.append({"prompt": exp.problems[i].prompt, "response": exp.batch.responses[i],
-                         "score": exp.verdicts[i].score, "status": exp.verdicts[i].status,
-                         "tokens": [self.tokenizer.decode([t]) for t in ids],
-                         "token_rewards": rewards})
-        return rows
+    def _sample_rows(self) -> list[dict]:
+        """samples.jsonl rows of the last update's batch ([] after a skipped step)."""
+        exp, self.last_experience = self.last_experience, None
+        n = self.cfg.viz.samples_per_step
+        return [] if exp is None or n == 0 else sample_rows(exp, self.tokenizer, n)
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self) -> dict[str, float]:

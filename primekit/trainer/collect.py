@@ -1,0 +1,99 @@
+"""The collect phase: roll out, verify and filter in rounds until the step's prompt groups are in.
+
+`collect_groups` is the online filter's refill loop (PRIME Sec. 3.4: keep the prompts whose K
+samples' accuracy lies in [lo, hi]); it is given the function that samples and grades one round,
+so it knows nothing of models, engines or verifiers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from math import ceil
+
+import torch
+
+from primekit import distributed as dist
+from primekit.algorithms import filter_groups
+from primekit.config import FilterConfig
+from primekit.data.problem import Problem
+from primekit.rollout.base import RolloutBatch, concat_batches
+from primekit.trainer.experience import Experience
+from primekit.verifiers import Verdict, verdict_stats
+from primekit.verifiers.mixed import mean_by_task
+
+# One round: K samples of each of n fresh prompts and their verdicts, rows [n*K].
+Round = Callable[[int], tuple[RolloutBatch, list[Problem], list[Verdict]]]
+
+
+def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: FilterConfig,
+                   pad_id: int, per_task: bool = False) -> tuple[Experience | None, dict]:
+    """Roll out and filter in rounds until `need` groups are kept (or filter.max_rounds).
+
+    Rows of the returned batch are whole groups, contiguous: group g is rows g*K .. g*K+K-1.
+    Under torchrun every rank keeps the smallest count any rank kept (each optimiser step ends
+    in a collective, so all ranks must take the same number). Returns (None, metrics) when no
+    group was kept.
+    """
+    K = group_size
+    kept: list[tuple[RolloutBatch, list[Problem], list[Verdict]]] = []  # per round
+    sampled_scores, all_verdicts = [], []
+    groups_seen = groups_kept = rounds = sampled_tokens = 0
+    while groups_kept < need and rounds < filt.max_rounds:
+        rounds += 1
+        missing = need - groups_kept
+        n_prompts = missing
+        if filt.enabled:
+            # Refill rounds scale by this step's keep rate so far, so a last missing group or
+            # two does not cost a round each.
+            rate = groups_kept / groups_seen if groups_seen else 1.0
+            n_prompts = ceil(missing * filt.oversample / max(rate, 0.1))
+        batch, problems, verdicts = rollout_round(n_prompts)
+        sampled_tokens += int(batch.response_mask.sum())
+        scores = torch.tensor([v.score for v in verdicts])  # [n*K]
+        sampled_scores.append(scores)
+        all_verdicts += verdicts
+        groups_seen += len(scores) // K
+        keep = torch.ones(len(scores), dtype=torch.bool)  # [n*K]
+        if filt.enabled:
+            group_ids = torch.arange(len(scores) // K).repeat_interleave(K)  # [n*K]
+            keep, _ = filter_groups(scores, group_ids, lo=filt.lo, hi=filt.hi)
+        rows = keep.nonzero().squeeze(1)[: missing * K]  # whole groups, in order
+        if rows.numel():
+            kept.append((batch.select(rows), [problems[i] for i in rows.tolist()],
+                         [verdicts[i] for i in rows.tolist()]))
+            groups_kept += rows.numel() // K
+    metrics = {"reward/outcome_mean_sampled": torch.cat(sampled_scores).mean(),
+               "filter/keep_rate": groups_kept / max(groups_seen, 1), "filter/rounds": rounds,
+               "sampled_tokens": sampled_tokens, **verdict_stats(all_verdicts)}
+    if dist.world_size() > 1:
+        groups_kept = int(dist.reduce_metrics({"groups": groups_kept}, op="min")["groups"])
+    metrics["filter/groups_kept"] = groups_kept
+    metrics["train/skipped"] = float(groups_kept == 0)
+    if groups_kept == 0:
+        return None, metrics
+    batch = concat_batches([b for b, _, _ in kept], pad_id=pad_id)
+    rows = torch.arange(groups_kept * K)  # [N]; fewer than kept when ranks agreed on less
+    verdicts = [v for _, _, vs in kept for v in vs][: len(rows)]
+    exp = Experience(
+        batch=batch.select(rows) if len(rows) < len(batch.responses) else batch,
+        problems=[p for _, ps, _ in kept for p in ps][: len(rows)], verdicts=verdicts,
+        group_ids=torch.arange(groups_kept).repeat_interleave(K),  # [N]
+        outcome_rewards=torch.tensor([v.score for v in verdicts], dtype=torch.float32))
+    metrics["reward/outcome_mean"] = exp.outcome_rewards.mean()
+    if per_task:  # reward/outcome_mean/math, reward/outcome_mean/code, ...
+        metrics.update({f"reward/outcome_mean/{task}": mean for task, mean in
+                        mean_by_task(exp.problems, exp.outcome_rewards.tolist()).items()})
+    return exp, metrics
+
+
+def warn_unfilled(step: int, metrics: dict, need: int) -> None:
+    """The warning for a step whose filter kept fewer groups than asked (the caller shows it
+    once per run; filter/groups_kept tracks every step)."""
+    warnings.warn(
+        f"step {step}: the online filter kept {int(metrics['filter/groups_kept'])} of {need} "
+        f"prompt groups after {int(metrics['filter/rounds'])} rounds (keep rate "
+        f"{float(metrics['filter/keep_rate']):.2f}); training on what was kept. Raise "
+        f"filter.max_rounds / filter.oversample, widen filter.lo/hi, or change the data "
+        f"difficulty. (Shown once; see the metric filter/groups_kept for later steps.)",
+        stacklevel=3)
