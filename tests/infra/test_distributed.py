@@ -130,6 +130,7 @@ def _worker(rank: int, world: int, init_file: str, run_dir: str) -> None:
         else:
             raise AssertionError("save_checkpoint should have failed")
         assert ckpt.latest_checkpoint(Path(run_dir)) == path
+        torch.distributed.barrier()  # neither rank tears the group down while the other uses it
     finally:
         torch.distributed.destroy_process_group()
 

@@ -124,6 +124,7 @@ def _worker(rank: int, world: int, init_file: str, policy: str, run_dir: str, ou
             trainer.train_problems[i].id for i in upcoming) if rank == 1 else frozenset())
         result.update(history=history, uneven=trainer.train_step())
         torch.save(result, Path(out) / f"rank{rank}.pt")
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 

@@ -127,6 +127,7 @@ def _resume_worker(rank: int, world: int, init_file: str, policy: str, run_a: st
         if rank == 0:
             torch.save({"loaded": loaded, "saved": saved, "after": after, "final": final},
                        Path(out) / "worker.pt")
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
