@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in results[1]:
         a, b = results[1][key], results[2][key]
         fmt = (lambda v: f"{v / 2**20:.2f} MiB") if isinstance(a, int) else (lambda v: f"{v:.3f}")
-        table.add_row(key, fmt(a), fmt(b), f"{b / a:.3f}" if a else "-")
+        table.add_row(key, fmt(a), fmt(b), f"{b / a:.3f}" if a > 1e-3 else "-")
     Console().print(table)
     return 0
 
