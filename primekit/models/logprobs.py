@@ -192,7 +192,8 @@ def critic_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
     out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     values = out.logits[..., 0]  # [N, L]
-    return values[:, -response_len - 1 : -1].float()
+    # A copy, not a view of the forward output: FSDP2 hooks the output for the backward.
+    return values[:, -response_len - 1 : -1].to(torch.float32, copy=True)
 
 
 @torch.no_grad()
