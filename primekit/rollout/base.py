@@ -137,6 +137,15 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     )
 
 
+def check_prompt_ids(prompt_ids: list[list[int]]) -> None:
+    """The input every engine's `generate` accepts: at least one prompt, none of them empty."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids must hold at least one prompt, got an empty list")
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) == 0:
+            raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+
+
 class RolloutEngine(Protocol):
     """Samples responses from the current policy (HF decode loop today, vLLM later)."""
 

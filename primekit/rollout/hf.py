@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from primekit import distributed as dist
-from primekit.rollout.base import RolloutBatch, SamplingParams, concat_batches
+from primekit.rollout.base import RolloutBatch, SamplingParams, check_prompt_ids, concat_batches
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -129,11 +129,7 @@ class HFRolloutEngine:
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
         """One response per prompt, in input order. Reproducible given the generator's state."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one prompt, got an empty list")
-        for i, ids in enumerate(prompt_ids):
-            if len(ids) == 0:
-                raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+        check_prompt_ids(prompt_ids)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from primekit.config import ConfigError
-from primekit.rollout.base import RolloutBatch, SamplingParams
+from primekit.rollout.base import RolloutBatch, SamplingParams, check_prompt_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -150,11 +150,7 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one prompt, got an empty list")
-        for i, ids in enumerate(prompt_ids):
-            if len(ids) == 0:
-                raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+        check_prompt_ids(prompt_ids)
         # One seed per request from the caller's stream (vLLM's per-request generators).
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=generator).tolist()
         requests = [
