@@ -42,7 +42,7 @@ def _measure(cfg_args: tuple[str, str, list[str]], steps: int) -> dict:
             tokens.append(m["response/len_mean"] * cfg.train.prompts_per_step * cfg.rollout.n_samples)
     out = {"step_s": statistics.mean(times), "sync_s": statistics.mean(syncs),
            "tokens_per_s": statistics.mean(tokens) / statistics.mean(times)}
-    for name, (model, opt) in trainer._trainable().items():
+    for name, (model, opt) in trainer.trainable().items():
         out[f"{name} params"] = local_nbytes(model.parameters())
         out[f"{name} AdamW state"] = optimizer_nbytes(opt)
     if trainer.ref is not None:

@@ -53,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                                       if k.startswith("timing/")})
                 timings[mode][-1]["rows"] = metrics.get("filter/groups_kept", 0.0)
                 timings[mode][-1]["rounds"] = metrics.get("filter/rounds", 0.0)
+                timings[mode][-1]["tok_s"] = metrics.get("throughput/rollout_tokens_per_s", 0.0)
         print(f"step {step + 1}/{args.warmup + args.steps}", file=sys.stderr)
 
-    phases = sorted({k for runs in timings.values() for t in runs for k in t} - {"step", "rows", "rounds"})
+    not_phases = {"step", "rows", "rounds", "tok_s"}
+    phases = sorted({k for runs in timings.values() for t in runs for k in t} - not_phases)
     table = Table(title=f"seconds per step (mean of {args.steps}, after {args.warmup} warm-up)")
     table.add_column("phase")
     for mode in trainers:
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("[bold]step", *(f"[bold]{mean(mode, 'step'):.3f}" for mode in trainers))
     table.add_row("groups per step", *(f"{mean(mode, 'rows'):.1f}" for mode in trainers))
     table.add_row("rollout rounds", *(f"{mean(mode, 'rounds'):.2f}" for mode in trainers))
+    table.add_row("rollout tokens/s", *(f"{mean(mode, 'tok_s'):.0f}" for mode in trainers))
     console = Console()
     console.print(table)
     ratio = mean("prime", "step") / mean("outcome", "step")

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from primekit import distributed as dist
 from primekit.data.problem import Problem
 from primekit.rollout.base import SamplingParams
 
@@ -84,7 +85,6 @@ def evaluate(
 
 def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     """Load `model_path` and evaluate it on the configured held-out problems (rank-local shard)."""
-    from primekit import distributed as dist
     from primekit.data.splits import encode_prompts, load_splits, verifier_task
     from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.hf import HFRolloutEngine
@@ -96,13 +96,21 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     device = resolve_device(cfg.train.device)
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, dtype=model_dtype(cfg.model.dtype), device=str(device)).eval()
-    _, heldout = load_splits(cfg)
-    heldout = dist.shard(heldout[: cfg.eval.num_problems])
+    heldout = load_splits(cfg)[1][: cfg.eval.num_problems]
     engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    return dist.reduce_metrics(evaluate_heldout(
+        engine, build_verifier(verifier_task(cfg), cfg.verifier), heldout,
+        encode_prompts(tokenizer, heldout, cfg), cfg))
+
+
+def evaluate_heldout(engine, verifier, problems: list[Problem], prompt_ids: list[list[int]],
+                     cfg) -> dict[str, float]:
+    """`evaluate` on this rank's shard of the first `eval.num_problems` held-out problems, with
+    the config's sampling settings and a fixed generator (the same problems and seeds at every
+    evaluation of a run). Metrics are rank-local; the caller reduces them."""
+    e = cfg.eval
+    shard = dist.shard(list(range(min(e.num_problems, len(problems)))))
     gen = torch.Generator().manual_seed(cfg.train.seed + 99991)
-    metrics = evaluate(engine, build_verifier(verifier_task(cfg), cfg.verifier), heldout,
-                       encode_prompts(tokenizer, heldout, cfg), k=cfg.eval.k,
-                       temperature=cfg.eval.temperature,
-                       max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                       generator=gen)
-    return dist.reduce_metrics(metrics)
+    return evaluate(engine, verifier, [problems[i] for i in shard],
+                    [prompt_ids[i] for i in shard], k=e.k, temperature=e.temperature,
+                    max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens, generator=gen)

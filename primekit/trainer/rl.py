@@ -56,7 +56,7 @@ from primekit.rollout.batching import iter_micro_batches, row_chunks
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer import guards, signals
 from primekit.trainer.collect import collect_groups, warn_unfilled
-from primekit.trainer.eval import evaluate
+from primekit.trainer.eval import evaluate_heldout
 from primekit.trainer.experience import (
     Experience,
     PromptSampler,
@@ -122,7 +122,7 @@ class RLTrainer:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
                 while self.step < cfg.steps:
-                    self._stop_if_signalled()
+                    signals.stop_if_requested(self.step, Path(cfg.run_dir), self.save)
                     metrics = self.train_step()
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
@@ -203,7 +203,7 @@ class RLTrainer:
 
     def _skipped(self, metrics: dict, t_step: float) -> dict[str, float]:
         """A step dropped by the numeric guard: no policy update; the weights must be sound."""
-        guards.check_weights({k: m for k, (m, _) in self._trainable().items()}, step=self.step + 1)
+        guards.check_weights({k: m for k, (m, _) in self.trainable().items()}, step=self.step + 1)
         metrics.update({"train/skipped": 1, "train/nonfinite_skipped": 1,
                         "timing/step": time.perf_counter() - t_step})
         return {k: float(v) for k, v in metrics.items()}
@@ -367,16 +367,11 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self) -> dict[str, float]:
-        e = self.cfg.eval
-        shard = dist.shard(list(range(min(e.num_problems, len(self.eval_problems)))))
-        gen = torch.Generator().manual_seed(self.cfg.train.seed + 99991)
-        return evaluate(self.engine, self.verifier, [self.eval_problems[i] for i in shard],
-                        [self.eval_prompt_ids[i] for i in shard], k=e.k,
-                        temperature=e.temperature,
-                        max_new_tokens=e.max_new_tokens or self.cfg.rollout.max_new_tokens,
-                        generator=gen)
+        return evaluate_heldout(self.engine, self.verifier, self.eval_problems,
+                                self.eval_prompt_ids, self.cfg)
 
-    def _trainable(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+    def trainable(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """The trained models and their optimisers, by name (what a checkpoint holds)."""
         out = {"policy": (self.policy, self.policy_opt)}
         if self.rewarder is not None:
             out.update(self.rewarder.trainable())
@@ -384,20 +379,8 @@ class RLTrainer:
             out["critic"] = (self.critic, self.critic_opt)
         return out
 
-    def _stop_if_signalled(self) -> None:
-        """Between steps: after SIGINT/SIGTERM, save (unless this step is saved) and stop."""
-        signum = signals.requested() or 0
-        if dist.world_size() > 1:  # every rank stops after the same step
-            signum = int(dist.reduce_metrics({"signal": signum}, op="max")["signal"])
-        if not signum:
-            return
-        path = ckpt.latest_checkpoint(Path(self.cfg.train.run_dir))
-        if self.step > 0 and path != ckpt.checkpoint_dir(Path(self.cfg.train.run_dir), self.step):
-            path = self.save()
-        raise signals.Stopped(signum, self.step, path)
-
     def save(self) -> Path:
-        trainable = self._trainable()
+        trainable = self.trainable()
         state = {"sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
                  "history": self.history}
         return ckpt.save_checkpoint(
@@ -412,7 +395,7 @@ class RLTrainer:
         path = ckpt.latest_checkpoint(Path(self.cfg.train.run_dir))
         if path is None:
             raise FileNotFoundError(f"--resume: no complete checkpoint under {self.cfg.train.run_dir}")
-        trainable = self._trainable()
+        trainable = self.trainable()
         state = ckpt.load_checkpoint(path, models={k: m for k, (m, _) in trainable.items()},
                                      optimizers={k: o for k, (_, o) in trainable.items()},
                                      generators={"rollout": self.rollout_gen})

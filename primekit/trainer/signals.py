@@ -13,9 +13,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from primekit import distributed as dist
+from primekit.trainer import checkpoint as ckpt
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -69,3 +72,17 @@ def graceful_stop() -> Iterator[None]:
         for s, h in previous.items():
             signal.signal(s, h)
         _requested = None
+
+
+def stop_if_requested(step: int, run_dir: Path, save: Callable[[], Path]) -> None:
+    """Between steps: after SIGINT/SIGTERM, save step `step` (unless it is saved) and raise
+    `Stopped`. Under torchrun every rank stops after the same step (the signal is max-reduced)."""
+    signum = requested() or 0
+    if dist.world_size() > 1:
+        signum = int(dist.reduce_metrics({"signal": signum}, op="max")["signal"])
+    if not signum:
+        return
+    path = ckpt.latest_checkpoint(run_dir)
+    if step > 0 and path != ckpt.checkpoint_dir(run_dir, step):
+        path = save()
+    raise Stopped(signum, step, path)

@@ -32,7 +32,7 @@ def _full_state(trainer) -> dict:
     from primekit.distributed import full_state_dict
 
     out = {}
-    for name, (model, opt) in trainer._trainable().items():
+    for name, (model, opt) in trainer.trainable().items():
         optim = get_optimizer_state_dict(model, opt,
                                          options=StateDictOptions(full_state_dict=True))
         out[name] = {k: v.clone() for k, v in full_state_dict(model).items()}
