@@ -186,7 +186,7 @@ def test_fresh_run_in_a_used_directory_is_refused_unless_overwrite(rl_overrides,
     from primekit.config import load_config
 
     rundir.check_fresh(load_config(CONFIG, cfg_args), overwrite=True)
-    assert [p.name for p in run.iterdir()] == [".lock"]  # kept: see rundir._lock
+    assert [p.name for p in run.iterdir()] == [".lock"]  # kept: see rundir.lock
 
 
 def _fake_checkpoint(run: Path, config: dict) -> None:
