@@ -252,7 +252,6 @@ class SignalOnFirstBatch:
         return [Verdict.correct() if len(r) % 2 == 0 else Verdict.incorrect() for r in responses]
 
 
-@pytest.mark.slow
 def test_the_demo_stops_gracefully_in_its_rl_phase_and_the_printed_command_resumes(
         tmp_path, capsys, monkeypatch):
     import primekit.factory as factory
@@ -285,8 +284,10 @@ def test_sigterm_mid_train_orm_is_one_line_and_writes_nothing(tiny_model_dir, tm
     argv += ["orm.num_problems=4000", "data.num_train=4000", "orm.n_samples=8"]
     proc = subprocess.Popen([sys.executable, "-m", "primekit.cli", *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    lock = tmp_path / ".orm.lock"
     try:
-        time.sleep(15)  # loading, then sampling 32000 responses: minutes
+        _wait_for(lambda: lock.exists() and lock.read_text().strip(), proc, "the lock")
+        time.sleep(2)  # into the sampling of 32000 responses (minutes)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
