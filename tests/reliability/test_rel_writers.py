@@ -298,3 +298,32 @@ def test_sigterm_mid_train_orm_is_one_line_and_writes_nothing(tiny_model_dir, tm
         f"primekit: train-orm stopped by SIGTERM; nothing was written (orm.out_dir '{out}' is "
         f"as it was); train-orm has no resume: run it again")
     assert not out.exists()
+
+
+def test_a_full_disk_while_writing_an_output_is_one_line(tiny_model_dir, tmp_path, capsys,
+                                                         monkeypatch):
+    # safetensors' Rust writer on a full disk; the earlier model stays and the temp copy goes.
+    import primekit.trainer.sft as sft
+    from primekit.models.hf import load_model, save_model
+
+    out = tmp_path / "sft"
+    shutil.copytree(tiny_model_dir, out)
+    before = _files(out)
+    model = load_model(str(tiny_model_dir))
+
+    def full(self, *a, **k):
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                           "message: \"No space left on device\" })")
+
+    monkeypatch.setattr(type(model), "save_pretrained", full)
+    monkeypatch.setattr(sft, "run_sft", lambda cfg: save_model(model, None, out))
+    capsys.readouterr()  # the load's progress bar
+    rc = cli.main(_small_sft(out, "sft.steps=1"))
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 1, line
+    assert line.startswith(f"primekit: error: cannot write sft.out_dir under {tmp_path}: the "
+                           f"write failed with ")
+    assert line.endswith(f"StorageFull, message: \"No space left on device\" }})); sft.out_dir "
+                         f"'{out}' is as it was")
+    assert _files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock", "sft"]
