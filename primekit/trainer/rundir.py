@@ -15,6 +15,11 @@ experiment.
 Every refusal is a `ConfigError` (exit status 2) raised before any model is loaded. Write errors
 of the run itself (a full disk, a read-only directory) go through `write_errors`, which turns
 them into one `RunDirError` line naming the path and the cause.
+
+`owned_output(out_dir, field)` is the same for the commands whose one output directory is
+written at the end and holds nothing to resume (`primekit sft`, `train-orm`, `train-prm`): the
+lock (beside the directory, which is replaced whole) and `write_errors`. `lock` on its own is
+the demo's hold on its `--run-dir`.
 """
 
 from __future__ import annotations
