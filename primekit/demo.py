@@ -112,12 +112,15 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
     rl_eval = history[-1]
     wall = time.perf_counter() - start
     k = cfg.eval.k
+
+    def sampled(metrics: dict) -> dict:  # avg@k and pass@k exist for k > 1 only
+        return {f"avg@{k}": metrics[f"eval/avg@{k}"],
+                f"pass@{k}": metrics[f"eval/pass@{k}"]} if k > 1 else {}
+
     rows = [
-        {"model": "SFT", "pass@1 (greedy)": sft_eval["eval/pass@1_greedy"],
-         f"avg@{k}": sft_eval[f"eval/avg@{k}"], f"pass@{k}": sft_eval[f"eval/pass@{k}"],
+        {"model": "SFT", "pass@1 (greedy)": sft_eval["eval/pass@1_greedy"], **sampled(sft_eval),
          "steps": cfg.sft.steps, "wall (s)": sft["sft/wall_s"]},
-        {"model": "PRIME", "pass@1 (greedy)": rl_eval["eval/pass@1_greedy"],
-         f"avg@{k}": rl_eval[f"eval/avg@{k}"], f"pass@{k}": rl_eval[f"eval/pass@{k}"],
+        {"model": "PRIME", "pass@1 (greedy)": rl_eval["eval/pass@1_greedy"], **sampled(rl_eval),
          "steps": cfg.train.steps, "wall (s)": rl_wall},
     ]
     print_table(f"primekit demo: {len(trainer.eval_problems)} held-out problems", rows)

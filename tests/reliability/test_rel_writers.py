@@ -11,6 +11,7 @@ one-line outcomes.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -327,3 +328,17 @@ def test_a_full_disk_while_writing_an_output_is_one_line(tiny_model_dir, tmp_pat
                          f"'{out}' is as it was")
     assert _files(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock", "sft"]
+
+
+def test_a_demo_runs_to_its_summary_and_a_second_demo_replaces_it(tmp_path, capsys):
+    run = tmp_path / "demo"
+    assert cli.main(_demo(run)) == 0
+    first = (run / "summary.json").read_text()
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".lock", ".sft.lock", "prime", "sft", "sft-logs", "summary.json", "tiny-init"]
+    assert cli.main(_demo(run)) == 0  # the same directory again: replaced, not mixed
+    assert f"demo: replacing the earlier demo in {run}" in capsys.readouterr().out
+    metrics = (run / "prime" / "metrics.jsonl").read_text().splitlines()
+    # One run's lines: step 1, then its final evaluation at step 1 (two runs would give four).
+    assert [json.loads(line)["step"] for line in metrics] == [1, 1]
+    assert json.loads((run / "summary.json").read_text()).keys() == json.loads(first).keys()
