@@ -58,7 +58,7 @@ def _demo(run: Path) -> list[str]:
     return ["demo", "--run-dir", str(run), "sft.steps=2", "sft.threads=1", "train.steps=1",
             "train.threads=1", "data.num_train=64", "data.num_eval=4", "eval.num_problems=4",
             "eval.k=1", "train.prompts_per_step=2", "rollout.max_new_tokens=8",
-            "train.report_to=[]"]
+            "filter.enabled=false", "train.report_to=[]"]
 
 
 # Each command: (argv, the lock file it takes, the directory the refusal names).
