@@ -93,7 +93,10 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("command", ["sft", "train-orm", "train-prm", "demo"])
+# train-orm and train-prm take the same path as sft (cli._run_to_output): the slow tier runs them.
+@pytest.mark.parametrize("command", [
+    "sft", "demo", pytest.param("train-orm", marks=pytest.mark.slow),
+    pytest.param("train-prm", marks=pytest.mark.slow)])
 def test_a_second_writer_is_refused_in_one_line(command, tiny_model_dir, tmp_path):
     argv, lock_file, named = _writers(tiny_model_dir, tmp_path)[command]
     holder = _hold(lock_file)
