@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from primekit.config import ConfigError, load_config, resolve_config
+from primekit.trainer.signals import Interrupted
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command not in ("train", "eval"):
             raise ConfigError(f"primekit {args.command} runs in a single process; under torchrun "
                               "only `primekit train` and `primekit eval` are data-parallel")
+        if args.command in OUTPUTS:
+            _run_to_output(args)
+            return 0
         from primekit.reward_models.cli import dispatch
 
         if dispatch(args):
@@ -103,10 +107,6 @@ def main(argv: list[str] | None = None) -> int:
             run_plan(cfg, gpus=args.gpus, gpu_mem_gib=args.gpu_mem, prompt_len=args.prompt_len,
                      model_config=args.model_config)
             return 0
-        if args.command == "sft":
-            from primekit.trainer.sft import run_sft
-
-            print(run_sft(cfg))
     except ConfigError as e:
         print(f"primekit: configuration error: {e}", file=sys.stderr)
         return 2
@@ -117,10 +117,55 @@ def main(argv: list[str] | None = None) -> int:
         from primekit.trainer.outcomes import one_line_failure
 
         return one_line_failure(e, args)
+    except Interrupted as e:  # SIGINT/SIGTERM in a command with nothing to resume
+        from primekit.trainer.outcomes import one_line_failure
+
+        return one_line_failure(e, args)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save
         print("primekit: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+# Commands whose one output directory is written at the end and holds nothing to resume.
+OUTPUTS = {"sft": "sft.out_dir", "train-orm": "orm.out_dir", "train-prm": "step_prm.out_dir"}
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _run_to_output(args) -> None:
+    """sft, train-orm, train-prm: own the output directory (a second writer is refused) and stop
+    at once on SIGINT/SIGTERM, saying whether the output was written (it is replaced by a
+    rename, so a new inode means a new output)."""
+    from operator import attrgetter
+
+    from primekit.trainer import rundir, signals
+
+    cfg = load_config(resolve_config(args.config), args.overrides)
+    field = OUTPUTS[args.command]
+    out = Path(attrgetter(field)(cfg))
+    before = _identity(out)
+    try:
+        with rundir.owned_output(out, field), signals.stop_at_once():
+            if args.command == "sft":
+                from primekit.trainer.sft import run_sft
+
+                print(run_sft(cfg))
+            else:
+                from primekit.reward_models.cli import dispatch
+
+                dispatch(args)
+    except signals.Interrupted as e:
+        e.note = (f"{field} {str(out)!r} was written before the stop" if _identity(out) != before
+                  else f"nothing was written ({field} {str(out)!r} is as it was); "
+                       f"{args.command} has no resume: run it again")
+        raise
 
 
 def _run_distributed_command(args, cfg) -> None:

@@ -2,47 +2,125 @@
 
 Build the tiny model, SFT it on the arithmetic demonstrations, evaluate it, run PRIME from it,
 evaluate again, and print a summary table. Nothing is downloaded.
+
+The demo owns its `--run-dir` (a lock, `run_dir/.lock`, refuses a second demo there) and
+replaces the outputs of an earlier demo in it; a directory that holds anything else is refused.
+SIGINT/SIGTERM stop it at once before the RL phase (nothing there to resume: run it again) and
+gracefully in it (a checkpoint, and the `primekit train ... --resume` line that continues it).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import time
 from pathlib import Path
 
-from primekit.config import CONFIG_DIR, load_config
+from primekit.config import CONFIG_DIR, ConfigError, load_config
 from primekit.logging import console, print_table
+
+# What a demo writes in its run directory (the SFT's logs and initial model sit beside its
+# output), and the hidden files of locks and atomic writes that start with "." and these names.
+OUTPUTS = ("sft", "sft-logs", "tiny-init", "prime", "summary.json")
+
+
+def demo_overrides(run_dir: Path, overrides: list[str] | None = None) -> list[str]:
+    """The demo's settings on top of configs/tiny.yaml: its paths under run_dir, then the
+    user's overrides."""
+    sft_dir, rl_dir = run_dir / "sft", run_dir / "prime"
+    return [f"sft.out_dir={sft_dir}", f"model.policy={sft_dir}", f"train.run_dir={rl_dir}",
+            *(overrides or [])]
+
+
+def _own(name: str) -> bool:
+    return name in OUTPUTS or name == ".lock" or any(
+        name.startswith(f".{own}.") for own in OUTPUTS)
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """Empty the outputs of an earlier demo in run_dir (its lock files stay); refuse a directory
+    that holds anything a demo does not write."""
+    if not run_dir.is_dir():
+        return
+    entries = sorted(run_dir.iterdir())
+    foreign = [p.name for p in entries if not _own(p.name)]
+    if foreign:
+        raise ConfigError(f"demo --run-dir: {str(run_dir)!r} holds files a demo does not write "
+                          f"({', '.join(foreign[:4])}); give a new or empty --run-dir")
+    old = [p for p in entries if not p.name.endswith(".lock")]
+    if old:
+        console.print(f"demo: replacing the earlier demo in {run_dir}", markup=False,
+                      highlight=False, soft_wrap=True)
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict:
+    """The demo, owning run_dir (see the module docstring); returns the summary."""
+    from primekit.trainer import rundir, signals
+
+    argv = demo_overrides(run_dir, overrides)
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", argv)  # a bad override fails before anything
+    with rundir.lock(run_dir, "demo --run-dir"), signals.stop_at_once():
+        claim_run_dir(run_dir)
+        return _run(run_dir, cfg, argv, overrides)
+
+
+def _run(run_dir: Path, cfg, argv: list[str], overrides: list[str] | None) -> dict:
+    from primekit.trainer import signals
+
+    again = shlex.join(["primekit", "demo", "--run-dir", str(run_dir), *(overrides or [])])
+    phase = ["during the SFT phase (nothing to resume)"]  # set as the demo goes on
+    try:
+        return _phases(run_dir, cfg, phase)
+    except signals.Interrupted as e:
+        e.note = f"{phase[0]}; start the demo again with: {again}"
+        raise
+    except (signals.Stopped, signals.Abandoned) as stop:  # in the RL phase
+        from primekit.trainer import checkpoint as ckpt
+
+        resumable = ckpt.latest_checkpoint(run_dir / "prime") is not None
+        stop.command = (shlex.join(["primekit", "train", "--config", "tiny", *argv, "--resume"])
+                        if resumable else again)
+        raise
+
+
+def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
     from primekit.factory import build_rl_trainer
+    from primekit.trainer import rundir, signals
     from primekit.trainer.eval import evaluate_checkpoint
     from primekit.trainer.sft import run_sft
 
     start = time.perf_counter()
     sft_dir, rl_dir = run_dir / "sft", run_dir / "prime"
-    defaults = [f"sft.out_dir={sft_dir}", f"model.policy={sft_dir}", f"train.run_dir={rl_dir}"]
-    cfg = load_config(CONFIG_DIR / "tiny.yaml", defaults + list(overrides or []))
-
     console.rule("[bold]1/3  SFT of the tiny model")
-    sft = run_sft(cfg)
+    with rundir.owned_output(sft_dir, "sft.out_dir"):
+        sft = run_sft(cfg)
+    phase[0] = f"while evaluating the SFT model (the SFT model is in {sft_dir})"
     console.rule("[bold]2/3  Evaluate the SFT model")
     sft_eval = evaluate_checkpoint(cfg, str(sft_dir))
     console.rule(f"[bold]3/3  PRIME: {cfg.train.steps} RL steps")
     t_rl = time.perf_counter()
-    trainer = build_rl_trainer(cfg)
-    history = trainer.train()
+    # The RL phase is `primekit train` on the demo's config: its own lock on prime/, and a
+    # graceful stop that saves a checkpoint and says how to continue.
+    with rundir.owned(cfg, resume=False, overwrite=False), signals.graceful_stop():
+        trainer = build_rl_trainer(cfg)
+        history = trainer.train()
+    phase[0] = f"after its RL phase finished (the run is in {rl_dir}; no summary.json)"
     rl_wall = time.perf_counter() - t_rl
     rl_eval = history[-1]
     wall = time.perf_counter() - start
-
     k = cfg.eval.k
+
+    def sampled(metrics: dict) -> dict:  # avg@k and pass@k exist for k > 1 only
+        return {f"avg@{k}": metrics[f"eval/avg@{k}"],
+                f"pass@{k}": metrics[f"eval/pass@{k}"]} if k > 1 else {}
+
     rows = [
-        {"model": "SFT", "pass@1 (greedy)": sft_eval["eval/pass@1_greedy"],
-         f"avg@{k}": sft_eval[f"eval/avg@{k}"], f"pass@{k}": sft_eval[f"eval/pass@{k}"],
+        {"model": "SFT", "pass@1 (greedy)": sft_eval["eval/pass@1_greedy"], **sampled(sft_eval),
          "steps": cfg.sft.steps, "wall (s)": sft["sft/wall_s"]},
-        {"model": "PRIME", "pass@1 (greedy)": rl_eval["eval/pass@1_greedy"],
-         f"avg@{k}": rl_eval[f"eval/avg@{k}"], f"pass@{k}": rl_eval[f"eval/pass@{k}"],
+        {"model": "PRIME", "pass@1 (greedy)": rl_eval["eval/pass@1_greedy"], **sampled(rl_eval),
          "steps": cfg.train.steps, "wall (s)": rl_wall},
     ]
     print_table(f"primekit demo: {len(trainer.eval_problems)} held-out problems", rows)

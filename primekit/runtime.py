@@ -1,4 +1,5 @@
-"""Process set-up shared by every entry point: device, seeding, threads, dtype.
+"""Process set-up shared by every entry point: device, seeding, threads, dtype, and holding
+SIGINT/SIGTERM back while a write that must not be cut in half runs.
 
 A base module (next to config, distributed and logging): anything in primekit may import it, and
 it imports nothing of ours but primekit.config.
@@ -7,6 +8,10 @@ it imports nothing of ours but primekit.config.
 from __future__ import annotations
 
 import random
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -39,3 +44,27 @@ def set_threads(threads: int) -> None:
 
 def model_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then go to the handlers in force before it.
+
+    For a write that must finish once begun (models.hf.save_model's renames): a Ctrl-C, or a
+    handler that raises on the first signal (trainer.signals.stop_at_once), then stops the
+    program after the write instead of in the middle of it. Python sets handlers on the main
+    thread only; elsewhere the block runs unprotected.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(pending):  # each signal once, in the order received
+            signal.raise_signal(s)

@@ -127,6 +127,49 @@ def _data_field(cfg: Config, which: str) -> str:
     return "data.train_path"
 
 
+def _split_source(cfg: Config, which: str, count: int) -> str:
+    """Where a split's problems come from, for a message: "'eval.jsonl' holds 8"."""
+    d = cfg.data
+    if d.source != "file":
+        return f"data.num_{which}={d.num_train if which == 'train' else d.num_eval} draws {count}"
+    if which == "eval" and d.eval_path:
+        where = f"data.eval_path {d.eval_path!r} holds {count}"
+    elif which == "eval":
+        where = (f"data.train_path {d.train_path!r} holds back {count} at "
+                 f"data.heldout_fraction={d.heldout_fraction}")
+    else:
+        where = f"data.train_path {d.train_path!r} holds {count}"
+        if not d.eval_path:
+            where += f" once the held-out problems (data.heldout_fraction={d.heldout_fraction}) " \
+                     f"are set aside"
+    if which == "eval" and count == d.num_eval:
+        where += f" (data.num_eval={d.num_eval} keeps at most that many)"
+    return where
+
+
+def check_split_sizes(cfg: Config, train: list[Problem], heldout: list[Problem]) -> None:
+    """Enough training problems for one step's prompts and enough held-out problems for the
+    evaluation: a shortfall would otherwise be filled silently (prompts repeated within a step,
+    or an evaluation on fewer problems than asked for)."""
+    need = cfg.train.prompts_per_step
+    if len(train) < need:
+        raise ConfigError(
+            f"train.prompts_per_step: {need} prompts per step (over all ranks) need at least "
+            f"{need} training problems, but {_split_source(cfg, 'train', len(train))}; lower "
+            f"train.prompts_per_step or add problems")
+    check_eval_size(cfg, heldout)
+
+
+def check_eval_size(cfg: Config, heldout: list[Problem]) -> None:
+    """`eval.num_problems` held-out problems exist (training and `primekit eval`)."""
+    asked = cfg.eval.num_problems
+    if asked > len(heldout):
+        raise ConfigError(
+            f"eval.num_problems: {asked} held-out problems asked for, but "
+            f"{_split_source(cfg, 'eval', len(heldout))}; lower eval.num_problems to at most "
+            f"{len(heldout)} or add held-out problems")
+
+
 def model_roles(cfg: Config) -> dict[str, str | None]:
     """{config field: directory} of the models an RL run loads besides the policy."""
     m, a = cfg.model, cfg.algorithm
@@ -170,6 +213,7 @@ def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None)
                 f"data.heldout_fraction={cfg.data.heldout_fraction}; add rows or give "
                 f"data.eval_path")
         raise ConfigError(f"{_data_field(cfg, 'eval')}: no held-out problems to evaluate on")
+    check_split_sizes(cfg, train, heldout)
     context = context_length(cfg.model.policy, cfg.model.trust_remote_code)
     max_eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     from transformers.utils import logging as hf_logging

@@ -122,8 +122,17 @@ def save_model(
     temp -> out_dir) because POSIX cannot rename over a non-empty directory; between them out_dir
     is briefly absent and the complete old copy sits in the `.<name>.old-*` sibling.
     """
+    from primekit.runtime import signals_held
+
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # A SIGINT/SIGTERM now waits for the write to end (between the two renames below, out_dir
+    # is briefly absent): the caller stops after it, with out_dir complete.
+    with signals_held():
+        return _save_model(model, tokenizer, out_dir)
+
+
+def _save_model(model, tokenizer, out_dir: Path) -> Path:
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
     try:

@@ -89,14 +89,17 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.hf import HFRolloutEngine
     from primekit.runtime import model_dtype, resolve_device, set_threads
+    from primekit.validate import check_eval_size
     from primekit.verifiers import build_verifier
 
     set_threads(cfg.train.threads)
     check_model_path(model_path, "model")
+    _, heldout = load_splits(cfg)
+    check_eval_size(cfg, heldout)  # before the model loads
+    heldout = heldout[: cfg.eval.num_problems]
     device = resolve_device(cfg.train.device)
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, dtype=model_dtype(cfg.model.dtype), device=str(device)).eval()
-    heldout = load_splits(cfg)[1][: cfg.eval.num_problems]
     engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
     return dist.reduce_metrics(evaluate_heldout(
         engine, build_verifier(verifier_task(cfg), cfg.verifier), heldout,

@@ -15,6 +15,11 @@ experiment.
 Every refusal is a `ConfigError` (exit status 2) raised before any model is loaded. Write errors
 of the run itself (a full disk, a read-only directory) go through `write_errors`, which turns
 them into one `RunDirError` line naming the path and the cause.
+
+`owned_output(out_dir, field)` is the same for the commands whose one output directory is
+written at the end and holds nothing to resume (`primekit sft`, `train-orm`, `train-prm`): the
+lock (beside the directory, which is replaced whole) and `write_errors`. `lock` on its own is
+the demo's hold on its `--run-dir`.
 """
 
 from __future__ import annotations
@@ -124,31 +129,56 @@ def _cause(e: OSError) -> str:
 
 
 @contextmanager
-def _lock(run_dir: Path) -> Iterator[None]:
+def lock(target: Path, field: str, lock_file: Path | None = None) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock_file` (default `target/.lock`) for the block, with this
+    process's PID and host in it; another holder is refused with one `ConfigError` line naming
+    `field`, `target` and the holder. `target` (or the lock file's directory) is created."""
     import fcntl
 
+    lock_file = lock_file or target / LOCK
+    short = field.split()[-1].rsplit(".", 1)[-1]  # run_dir, out_dir, --run-dir
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise ConfigError(f"train.run_dir: cannot write to {str(run_dir)!r}: {_cause(e)}") from None
+        raise ConfigError(f"{field}: cannot write to {str(target)!r}: {_cause(e)}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise ConfigError(f"train.run_dir: {str(run_dir)!r} is in use by {holder} (lock file "
-                              f"{run_dir / LOCK}); wait for it or use another run_dir") from None
+            raise ConfigError(f"{field}: {str(target)!r} is in use by {holder} (lock file "
+                              f"{lock_file}); wait for it or use another {short}") from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
             os.fsync(fd)
         except OSError as e:
-            raise ConfigError(f"train.run_dir: cannot write to {str(run_dir)!r}: "
-                              f"{_cause(e)}") from None
+            raise ConfigError(f"{field}: cannot write to {str(target)!r}: {_cause(e)}") from None
         yield
     finally:
         os.close(fd)  # releases the flock; the file stays (removing it would race a waiter)
+
+
+def output_lock_file(out_dir: Path) -> Path:
+    """The lock of an output directory that is replaced whole (`models.hf.save_model` renames
+    a new copy into place): beside it, `.<name>.lock`, since a lock inside would be renamed
+    away with the old copy."""
+    return out_dir.parent / f".{out_dir.name}.lock"
+
+
+@contextmanager
+def owned_output(out_dir: Path, field: str) -> Iterator[None]:
+    """Own the one output directory of a command with nothing to resume (`sft.out_dir`,
+    `orm.out_dir`, `step_prm.out_dir`): a second writer is refused (`lock`), and a failed write
+    is one `RunDirError` line (`write_errors`). A new run replaces the directory at its end, as
+    a whole, so an earlier output needs no `--overwrite`: it stays until the new one is
+    complete."""
+    out_dir = Path(out_dir)
+    with lock(out_dir, field, output_lock_file(out_dir)), \
+            write_errors(out_dir.parent, intact=f"{field} {str(out_dir)!r} is as it was",
+                         what=field):
+        yield
 
 
 @contextmanager
@@ -162,7 +192,7 @@ def owned(cfg: Config, *, resume: bool, overwrite: bool) -> Iterator[Path | None
         yield None
         return
     run_dir = Path(cfg.train.run_dir)
-    with _lock(run_dir):
+    with lock(run_dir, "train.run_dir"):
         path = check_resume(cfg) if resume else None
         if not resume:
             check_fresh(cfg, overwrite)
@@ -178,18 +208,20 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 
 
 @contextmanager
-def write_errors(run_dir: Path) -> Iterator[None]:
+def write_errors(run_dir: Path, intact: str = "the previous checkpoint is intact",
+                 what: str = "a checkpoint") -> Iterator[None]:
     """Turn a failed write under `run_dir` into one `RunDirError` line: the path and the cause.
 
-    Checkpoints are written atomically, so the previous one is intact whenever this fires."""
+    Checkpoints (and `save_model`'s directories) are written atomically, so the previous one is
+    intact whenever this fires; `intact` says so in the message, `what` names what was being
+    written."""
     try:
         yield
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
             raise
         where = e.filename or run_dir
-        raise RunDirError(f"cannot write {where}: {_cause(e)}; the previous checkpoint is "
-                          f"intact") from None
+        raise RunDirError(f"cannot write {where}: {_cause(e)}; {intact}") from None
     except BaseException as e:  # DCP's CheckpointException is not an Exception subclass
         text = str(e)
         if isinstance(e, (KeyboardInterrupt, SystemExit)) or not any(
@@ -199,6 +231,5 @@ def write_errors(run_dir: Path) -> Iterator[None]:
         # The line that says why (DCP wraps the cause in a multi-line report).
         cause = next(line.strip() for line in text.splitlines()
                      if any(marker in line for marker in _DISK_FULL))
-        raise RunDirError(f"cannot write a checkpoint under {run_dir}: the write failed with "
-                          f"{free} bytes free on its disk ({cause[:120]}); the previous "
-                          f"checkpoint is intact") from None
+        raise RunDirError(f"cannot write {what} under {run_dir}: the write failed with "
+                          f"{free} bytes free on its disk ({cause[:120]}); {intact}") from None

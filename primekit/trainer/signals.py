@@ -1,11 +1,20 @@
-"""Graceful stop: SIGINT (Ctrl-C) and SIGTERM finish the current step, save, and exit cleanly.
+"""Graceful stop: SIGINT (Ctrl-C) and SIGTERM end a command cleanly, in one line.
 
-Inside `graceful_stop()` the first SIGINT or SIGTERM only sets a flag: the trainer finishes the
-step it is in, writes a checkpoint (`RLTrainer.train` checks `requested()` between steps) and
-raises `Stopped`, which the CLI turns into one line saying where the checkpoint is and how to
-resume, and exit status 128 + signal number (130 for SIGINT, 143 for SIGTERM). A second signal
-abandons the step at once (`Abandoned`): nothing of it is saved, and the latest checkpoint stays
-as it was, because checkpoint writes are atomic (primekit.trainer.checkpoint).
+Two modes, by what the command leaves behind:
+
+- `graceful_stop()`, for RL training (resumable): the first SIGINT or SIGTERM only sets a flag:
+  the trainer finishes the step it is in, writes a checkpoint (`RLTrainer.train` checks
+  `requested()` between steps) and raises `Stopped`, which the CLI turns into one line saying
+  where the checkpoint is and how to resume, and exit status 128 + signal number (130 for SIGINT,
+  143 for SIGTERM). A second signal abandons the step at once (`Abandoned`): nothing of it is
+  saved, and the latest checkpoint stays as it was, because checkpoint writes are atomic
+  (primekit.trainer.checkpoint).
+- `stop_at_once()`, for commands with nothing to resume (`primekit sft`, `train-orm`,
+  `train-prm`, the demo outside its RL phase): their one output is written at the end, so there
+  is no step worth finishing. The first signal raises `Interrupted` where the program is, except
+  while that output is being written (`primekit.runtime.signals_held`, which
+  `models.hf.save_model` holds): the output is then either as it was or complete, never half
+  written. The CLI prints one line and exits with 128 + signal number.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ class Stopped(Exception):  # noqa: N818 (a control-flow outcome, not an error)
     def __init__(self, signum: int, step: int, checkpoint: Path | None):
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        # The command line that continues (or restarts) the run, where the CLI's own
+        # `primekit train ... --resume` is not it (the demo's RL phase sets it).
+        self.command: str | None = None
 
 
 class Abandoned(Exception):  # noqa: N818
@@ -39,6 +51,18 @@ class Abandoned(Exception):  # noqa: N818
     def __init__(self, signum: int):
         super().__init__(f"stopped by a second {signal.Signals(signum).name}")
         self.signum = signum
+        self.command: str | None = None  # as Stopped.command
+
+
+class Interrupted(BaseException):  # noqa: N818
+    """A command with nothing to resume stopped on a signal (`stop_at_once`). A BaseException,
+    like KeyboardInterrupt, so that no `except Exception` on its way swallows it. `note` says
+    what was left behind; the code that knows sets it on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.note: str | None = None
 
 
 def requested() -> int | None:
@@ -56,22 +80,37 @@ def _handler(signum: int, frame) -> None:
           file=sys.stderr, flush=True)
 
 
+def _stop_now(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
 @contextmanager
-def graceful_stop() -> Iterator[None]:
-    """Route SIGINT and SIGTERM to the flag for the duration (main thread only; elsewhere, and
-    for code outside the block, the default handlers stay)."""
+def _handling(handler) -> Iterator[None]:
+    """`handler` for SIGINT and SIGTERM during the block; the previous handlers after it."""
     global _requested
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _requested = None
-    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
         _requested = None
+
+
+def graceful_stop():
+    """Route SIGINT and SIGTERM to the flag for the duration (main thread only; elsewhere, and
+    for code outside the block, the handlers in force before it stay)."""
+    return _handling(_handler)
+
+
+def stop_at_once():
+    """SIGINT and SIGTERM raise `Interrupted` during the block (main thread only); a
+    `graceful_stop()` nested inside takes over for its own duration."""
+    return _handling(_stop_now)
 
 
 def stop_if_requested(step: int, run_dir: Path, save: Callable[[], Path]) -> None:

@@ -94,6 +94,23 @@ def _eval_zero(m, t):
     return ["eval.num_problems=0"], "eval.num_problems"
 
 
+def _eval_over_heldout_file(m, t):
+    return (_file_data(t, _rows(40), _rows(3, start=100)) + ["eval.num_problems=5"],
+            "eval.num_problems: 5 held-out problems asked for, but data.eval_path "
+            f"'{t / 'eval.jsonl'}' holds 3;")
+
+
+def _eval_over_num_eval(m, t):
+    return (["eval.num_problems=9"],
+            "eval.num_problems: 9 held-out problems asked for, but data.num_eval=4 draws 4;")
+
+
+def _rows_under_prompts_per_step(m, t):
+    return (_file_data(t, _rows(6), _rows(2, start=100)) + ["train.prompts_per_step=8"],
+            "train.prompts_per_step: 8 prompts per step (over all ranks) need at least 8 "
+            f"training problems, but data.train_path '{t / 'train.jsonl'}' holds 6;")
+
+
 def _long_prompt(m, t):
     rows = _rows(30) + [{"prompt": "1" * 200_000, "answer": "1"}]
     return _file_data(t, rows), "train.jsonl line 31: the prompt is 200000 tokens"
@@ -179,6 +196,9 @@ CASES = {
     "inf-answer": _inf_answer, "kl-coef-nan": _kl_nan, "lr-inf": _lr_inf,
     "float16-on-cpu": _fp16_cpu, "keep-checkpoints-0": _keep_zero,
     "num-eval-huge": _num_eval_huge, "eval-num-problems-0": _eval_zero,
+    "eval-num-problems-over-eval-file": _eval_over_heldout_file,
+    "eval-num-problems-over-num-eval": _eval_over_num_eval,
+    "train-rows-under-prompts-per-step": _rows_under_prompts_per_step,
     "long-prompt": _long_prompt, "empty-file": _empty_file, "blank-file": _blank_file,
     "invalid-utf8": _bad_utf8, "parquet-without-pyarrow": _parquet, "broken-yaml": _broken_yaml,
     "yaml-tab": _yaml_tab, "truncated-safetensors": _corrupt_weights,
@@ -244,3 +264,16 @@ def test_cli_subprocess_has_no_traceback(case, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_bad_input_through_the_real_cli(case, tiny_model_dir, tmp_path):
     _assert_cli_rejects(case, tiny_model_dir, tmp_path)
+
+
+def test_eval_command_refuses_more_problems_than_held_out(tiny_model_dir, capsys, monkeypatch):
+    import primekit.models.hf as hf
+
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    rc = cli.main(["eval", "--config", "tiny", f"model.policy={tiny_model_dir}",
+                   "data.num_eval=4", "eval.num_problems=9", "eval.k=1",
+                   "rollout.max_new_tokens=4", "train.device=cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    _one_line(err, "eval.num_problems: 9 held-out problems asked for, but data.num_eval=4 "
+                   "draws 4; lower eval.num_problems to at most 4")

@@ -186,7 +186,7 @@ def test_fresh_run_in_a_used_directory_is_refused_unless_overwrite(rl_overrides,
     from primekit.config import load_config
 
     rundir.check_fresh(load_config(CONFIG, cfg_args), overwrite=True)
-    assert [p.name for p in run.iterdir()] == [".lock"]  # kept: see rundir._lock
+    assert [p.name for p in run.iterdir()] == [".lock"]  # kept: see rundir.lock
 
 
 def _fake_checkpoint(run: Path, config: dict) -> None:
@@ -214,6 +214,20 @@ def test_resume_refuses_a_changed_experiment_and_lists_the_changes(rl_overrides,
     assert rundir.check_resume(cfg) == run / "checkpoints" / "step_000001"
     out = capsys.readouterr().out
     assert "resume: train.steps 2 -> 7" in out and "resume: eval.k 2 -> 1" in out
+
+
+def test_a_real_checkpoint_stores_the_config_that_resume_compares(rl_config):
+    # The refusal above reads a hand-written trainer_state.json; this is the trainer's own.
+    from primekit.config import ConfigError
+
+    trainer = build_rl_trainer(rl_config())
+    trainer.step = 1
+    path = trainer.save()
+    saved = json.loads((path / "trainer_state.json").read_text())["config"]
+    assert saved == json.loads(json.dumps(trainer.cfg.to_dict()))
+    with pytest.raises(ConfigError, match=r"different experiment: prm.beta 0.05 -> 0.1\. "):
+        rundir.check_resume(rl_config("prm.beta=0.1"))
+    assert rundir.check_resume(rl_config("train.steps=9")) == path
 
 
 def test_full_disk_during_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path,
