@@ -34,7 +34,7 @@ def rl_config(tiny_model_dir: Path, tmp_path: Path):
     """The trainer tests' small config on the untrained tiny model (seconds to build; its
     responses are noise, which is all the control hook needs)."""
     return lambda *extra: load_config(CONFIG, small_overrides(tiny_model_dir, tmp_path / "run")
-                                      + list(extra))
+                                      + ["train.threads=1", *extra])
 
 
 def _params(model: torch.nn.Module) -> list[torch.Tensor]:
