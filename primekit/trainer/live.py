@@ -106,6 +106,9 @@ class _PatternCounter:
         self.inner, self.pattern = inner, pattern
         self.seen = self.hits = 0
 
+    def __getattr__(self, name: str):  # anything else the verifier has
+        return getattr(self.inner, name)
+
     def verify(self, response, problem):
         return self.inner.verify(response, problem)
 
