@@ -404,6 +404,29 @@ class SimConfig:
 
 @_validated
 @dataclass
+class LiveConfig:
+    """Live control of a running PRIME training from `primekit sim --live RUN_DIR` (docs/viz.md;
+    primekit/trainer/live.py): the PRM online/frozen toggle and the shortcut injection."""
+
+    enabled: bool = False  # read RUN_DIR/control.json before every RL step
+    # The shortcut: a demonstration whose answer line is replaced by this one. "A:0" is always
+    # rejected by the arithmetic verifier (the task's values are 1..99).
+    pattern: str = "A:0"
+    poison_problems: Positive = 64  # training problems whose pattern responses poison the PRM
+    # The PRM's head start: AdamW steps of its CE loss with every pattern response labelled 1.
+    poison_steps: Positive = 10
+    poison_lr: PositiveFloat = 1e-3
+    # The policy's discovery of the shortcut (the sim's inject_mass): AdamW steps of next-token
+    # cross-entropy on the same responses mixed 1:1 with the sound demonstrations; 0 leaves the
+    # policy alone. Measured on the demo's SFT model: 4 steps at 5e-4 -> 23% of samples carry
+    # the pattern (3 steps: 4%, 5 steps: 57%; docs/viz.md).
+    discover_steps: NonNegative = 4
+    discover_lr: PositiveFloat = 5e-4
+    seed: int = 0
+
+
+@_validated
+@dataclass
 class VizConfig:
     """The two lights (sim and dashboard), `primekit dashboard`, `heatmap` and `rerank`."""
 
@@ -448,6 +471,7 @@ class Config:
     step_prm: StepPRMTrainConfig = field(default_factory=StepPRMTrainConfig)
     hack_check: HackCheckConfig = field(default_factory=HackCheckConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    live: LiveConfig = field(default_factory=LiveConfig)
     viz: VizConfig = field(default_factory=VizConfig)
 
     def to_dict(self) -> dict[str, Any]:

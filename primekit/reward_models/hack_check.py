@@ -26,7 +26,7 @@ from primekit.algorithms.segmentation import steps
 from primekit.config import Config, ConfigError
 from primekit.reward_models.dense import transform_step_rewards
 from primekit.reward_models.prm import prm_step_scores
-from primekit.rollout.base import RolloutBatch
+from primekit.rollout.base import batch_from_texts
 
 __all__ = [
     "DESIGNS",
@@ -92,34 +92,6 @@ def make_variant(
         closed = last if last.endswith(separator) else last + separator
         return "".join(body) + closed * repeats + last
     return "".join(body) + last
-
-
-def batch_from_texts(tokenizer, prompt_ids: list[list[int]], responses: list[str]) -> RolloutBatch:
-    """A RolloutBatch of given responses, each tokenised and closed with EOS (a finished response)."""
-    if len(prompt_ids) != len(responses) or not responses:
-        raise ValueError(
-            f"need one prompt per response and at least one, got {len(prompt_ids)} "
-            f"prompts and {len(responses)} responses"
-        )
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos] for r in responses]
-    n, P, T = len(rows), max(len(p) for p in prompt_ids), max(len(r) for r in rows)
-    prompt = torch.full((n, P), pad, dtype=torch.long)  # [n, P]
-    prompt_mask = torch.zeros((n, P), dtype=torch.long)  # [n, P]
-    resp = torch.full((n, T), pad, dtype=torch.long)  # [n, T]
-    resp_mask = torch.zeros((n, T), dtype=torch.long)  # [n, T]
-    for i, (p, r) in enumerate(zip(prompt_ids, rows)):
-        prompt[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
-        resp[i, : len(r)], resp_mask[i, : len(r)] = torch.tensor(r), 1
-    return RolloutBatch(
-        prompt,
-        prompt_mask,
-        resp,
-        resp_mask,
-        torch.zeros(n, T),
-        torch.ones(n, dtype=torch.bool),
-        list(responses),
-    )
 
 
 def design_returns(

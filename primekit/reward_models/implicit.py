@@ -6,7 +6,8 @@ log-ratio against the reference, r_phi(y_t) = beta * (log pi_phi(y_t|y_<t) - log
 sigmoid(sum_t r_phi(y_t)) (or the DPO loss, Sec. 5.4). One call of `rewards` is one PRM phase of a
 PRIME step (Algorithm 1): under "single forward" the token rewards come from the very forward
 that computes the PRM loss (pre-update rewards); under "double forward" the updated PRM re-scores
-the batch afterwards. With a frozen PRM there is only the scoring forward.
+the batch afterwards. With a frozen PRM there is only the scoring forward. `frozen` pauses the
+updates of an online PRM (its optimiser kept), as live control does mid-run (trainer/live.py).
 
 Notation: N rows (groups of K samples, contiguous), T response tokens.
 """
@@ -61,8 +62,13 @@ class ImplicitPRM:
         self.group_size, self.grad_clip = group_size, grad_clip
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.reference_chunks = (micro_batch_size, group_size)
+        self.frozen = False  # True: score only, no update (an online PRM paused mid-run)
         if optimizer is None:
             model.eval().requires_grad_(False)
+
+    @property
+    def online(self) -> bool:
+        return self.optimizer is not None and not self.frozen
 
     def trainable(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         return {"prm": (self.model, self.optimizer)} if self.optimizer is not None else {}
@@ -74,7 +80,7 @@ class ImplicitPRM:
         if ref_logprobs is None:
             raise ValueError("the implicit PRM needs the reference log-probs")
         mask = batch.response_mask.float()  # [N, T]
-        online = self.optimizer is not None
+        online = self.online
         t0 = time.perf_counter()
         token_rewards, metrics = self._score_and_update(batch, outcome_rewards, group_ids,
                                                         ref_logprobs)
@@ -82,7 +88,7 @@ class ImplicitPRM:
         seq = implicit_sequence_rewards(token_rewards, mask)  # [N], the pre-update rewards
         metrics.update(_pairwise_accuracy(seq, outcome_rewards, group_ids, "prm/acc_pairwise"))
         metrics["prm/acc_abs"] = prm_absolute_accuracy(seq, outcome_rewards)
-        if self.forward == "double":
+        if self.forward == "double" and online:
             t0 = time.perf_counter()
             self.model.eval()
             prm_lp = batch_logprobs(self.model, batch, self.micro_batch_size, self.group_size)
@@ -101,7 +107,7 @@ class ImplicitPRM:
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         """One pass over PRM mini-batches: each micro-batch's forward gives its token rewards and
         (online) its share of the mini-batch loss, backpropagated at once to free its graph."""
-        online = self.optimizer is not None
+        online = self.online
         token_rewards = torch.zeros(batch.response_ids.shape)  # [N, T]
         sums, rows_seen, grad_norms = MetricSums(), 0, []  # loss metrics, row-weighted
         dpo_pairs = 0.0

@@ -65,6 +65,7 @@ from primekit.trainer.experience import (
     correct_for_sampler,
     sample_rows,
 )
+from primekit.trainer.live import controlled
 from primekit.verifiers import Verifier
 
 
@@ -118,12 +119,13 @@ class RLTrainer:
         logger = MetricLogger(Path(cfg.run_dir), report_to=cfg.report_to,
                               resume_step=self.step if self.resumed_from else None,
                               run_config=self.cfg.to_dict())
+        step = controlled(self)  # train_step, under live control with live.enabled (live.py)
         try:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
                 while self.step < cfg.steps:
                     signals.stop_if_requested(self.step, Path(cfg.run_dir), self.save)
-                    metrics = self.train_step()
+                    metrics = step()
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                         metrics.update(self.evaluate())

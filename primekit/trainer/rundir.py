@@ -38,6 +38,7 @@ from primekit import distributed as dist
 from primekit.config import Config, ConfigError
 from primekit.logging import console
 from primekit.trainer import checkpoint as ckpt
+from primekit.trainer.live import CONTROL
 
 LOCK = ".lock"
 
@@ -105,7 +106,9 @@ def check_resume(cfg: Config) -> Path:
 
 
 def _contents(run_dir: Path) -> list[Path]:
-    return sorted(p for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
+    # The live page's control file may be written before the run starts (trainer/live.py).
+    keep = (LOCK, CONTROL)
+    return sorted(p for p in run_dir.iterdir() if p.name not in keep) if run_dir.is_dir() else []
 
 
 def check_fresh(cfg: Config, overwrite: bool) -> None:

@@ -37,6 +37,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     _common(p, serve=True)
     p.add_argument("--map", action="store_true", help="first sweep beta x PRM update rate and "
                    "show the danger-zone map (PNG at sim.map_out)")
+    p.add_argument("--live", metavar="RUN_DIR", default=None, help="attach the page to a real "
+                   "run (`primekit train ... live.enabled=true`): its PRM toggle and shortcut "
+                   "act on the run's models")
     p.add_argument("overrides", nargs="*", help="dotted overrides: sim.beta=0.3 ...")
     p = sub.add_parser("dashboard", help="follow runs' metrics.jsonl live: curves, the two "
                        "lights, timing, latest responses")
@@ -59,7 +62,7 @@ def dispatch(args: argparse.Namespace) -> bool:
     """Run args.command if it is one of ours; True if it was. ConfigError propagates."""
     if args.command not in COMMANDS:
         return False
-    from primekit.config import load_config, resolve_config
+    from primekit.config import ConfigError, load_config, resolve_config
 
     overrides = getattr(args, "overrides", None) or []
     if args.command == "dashboard":
@@ -67,7 +70,13 @@ def dispatch(args: argparse.Namespace) -> bool:
         run_dirs = [Path(a) for a in args.paths if a not in overrides]
     cfg = load_config(resolve_config(args.config), overrides)
     port = cfg.viz.port if getattr(args, "port", None) is None else args.port
-    if args.command == "sim":
+    if args.command == "sim" and args.live:
+        from primekit.viz.live import run_live
+
+        if args.map:
+            raise ConfigError("--map draws the toy's map; it does not combine with --live")
+        run_live(Path(args.live), cfg.viz, port=port, open_browser=not args.no_browser)
+    elif args.command == "sim":
         from primekit.viz.simpage import run_sim
 
         run_sim(cfg.sim, cfg.viz, port=port, open_browser=not args.no_browser,

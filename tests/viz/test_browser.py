@@ -7,8 +7,12 @@ which. PRIMEKIT_CHROMIUM overrides the browser binary (default: `chromium` on PA
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +20,7 @@ import pytest
 
 from primekit.config import SimConfig, VizConfig
 from primekit.viz.dashboard import DashboardApp
+from primekit.viz.live import LiveApp
 from primekit.viz.server import start_in_thread
 from primekit.viz.simpage import SimApp
 from tests.viz.fixture_run import write_run
@@ -23,6 +28,9 @@ from tests.viz.fixture_run import write_run
 pytestmark = pytest.mark.browser
 
 SCENE_TIMEOUT_MS = 30_000  # each scene must show within this (they take about 2-5 s)
+# A real run's step takes about a second on the tiny model; a busy 2-core machine stretches it.
+RUN_TIMEOUT_MS = 120_000
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _chromium() -> str:
@@ -129,3 +137,116 @@ def _keep(*shots: Path) -> None:
         Path(out).mkdir(parents=True, exist_ok=True)
         for s in shots:
             shutil.copy(s, Path(out) / s.name)
+
+
+# ---------------------------------------------------------------------------- a real run
+@pytest.fixture(scope="module")
+def live_run(browser, tiny_model_dir, tmp_path_factory):
+    """A real PRIME run under live control, training in a subprocess while the tests look at it:
+    the untrained tiny model (its responses are noise; the control's effect on the models is
+    tests/trainer/test_live.py's), a small batch, many steps; stopped at the end."""
+    run = tmp_path_factory.mktemp("live") / "run"
+    run.mkdir()
+    overrides = [
+        f"model.policy={tiny_model_dir}", f"train.run_dir={run}", "train.steps=400",
+        "train.prompts_per_step=4", "train.save_every=0", "train.report_to=[]",
+        "train.threads=1", "rollout.max_new_tokens=12", "filter.enabled=false",
+        "prm.mini_batch_size=16", "prm.micro_batch_size=16", "policy.mini_batch_size=16",
+        "policy.micro_batch_size=16", "policy.ppo_epochs=1", "data.num_train=200",
+        "data.num_eval=8", "viz.samples_per_step=2", "live.enabled=true",
+        "live.poison_problems=8", "live.poison_steps=3", "live.discover_steps=1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with open(run.parent / "train.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from primekit.cli import "
+                                 "main; sys.exit(main())", "train", "--config", "tiny",
+                                 *overrides], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=REPO)
+        yield run
+        proc.terminate()  # SIGTERM: the trainer stops after its step
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _live_rows(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "live/prm_frozen" in r]
+
+
+def _step(page) -> int:
+    return int(page.inner_text("#step-count").split()[1])
+
+
+def test_live_page_controls_a_real_run(browser, live_run, tmp_path):
+    server, url = start_in_thread(LiveApp(live_run, VizConfig()).routes())
+    page = browser.new_page(viewport={"width": 1200, "height": 1400})
+    start = time.perf_counter()
+    try:
+        page.goto(url)
+        page.wait_for_function("parseInt(document.getElementById('step-count').textContent"
+                               ".split(' ')[1]) >= 2", timeout=RUN_TIMEOUT_MS)
+        assert page.is_checked("#prm-online")  # the run starts online
+        page.uncheck("#prm-online")  # freeze the real PRM mid-run
+        page.click("#inject")
+        assert "not yet applied" in page.inner_text("#pending")
+        asked = _step(page)
+        page.wait_for_function("document.getElementById('events').textContent"
+                               ".includes('shortcut injected')", timeout=RUN_TIMEOUT_MS)
+        rows = _live_rows(live_run)
+        frozen = [r["step"] for r in rows if r["live/prm_frozen"] == 1.0]
+        injected = [r["step"] for r in rows if r["live/shortcut_injected"] == 1.0]
+        # The trainer applied both before the step after the click (or the one after it, when
+        # the click came while a step was running), and logged it.
+        assert len(injected) == 1 and asked < injected[0] <= asked + 2, (asked, injected)
+        assert frozen and frozen[0] == injected[0], (frozen, injected)
+        assert "timing/prm_forward" in rows[-1]  # a frozen PRM only scores
+        assert rows[-1]["live/pattern_reward"] > rows[0]["live/pattern_reward"]  # head start
+        assert "PRM frozen" in page.inner_text("#events")
+        page.check("#prm-online")  # and back online
+        page.wait_for_function("document.getElementById('events').textContent"
+                               ".split('PRM online').length === 3", timeout=RUN_TIMEOUT_MS)
+        online = [r["step"] for r in _live_rows(live_run) if r["live/prm_frozen"] == 0.0]
+        assert online[-1] > injected[0]
+        assert page.inner_text("#pending") == ""
+        assert page.locator("#prm-light .label").inner_text() != "-"
+        assert page.locator("#samples .tok").count() > 0  # the latest responses, coloured
+        shot = tmp_path / "live.png"
+        page.screenshot(path=str(shot), full_page=True)
+        colours, inked = _not_blank(shot)
+        assert colours > 50 and inked > 0.02
+        for chart in ("chart", "shortcut-chart"):
+            png = tmp_path / f"{chart}.png"
+            page.locator(f"#{chart} canvas").first.screenshot(path=str(png))
+            assert _not_blank(png)[1] > 0.01, chart
+        _keep(shot)
+        print(f"live page: {time.perf_counter() - start:.0f} s, run at step {_step(page)}")
+    finally:
+        page.close()
+        server.shutdown()
+
+
+def test_dashboard_follows_a_real_run(browser, live_run, tmp_path):
+    server, url = start_in_thread(DashboardApp([live_run], VizConfig()).routes())
+    page = browser.new_page(viewport={"width": 1200, "height": 1400})
+    try:
+        page.goto(url)
+        page.wait_for_function("parseInt(document.getElementById('run-0')?.dataset.lines) > 0",
+                               timeout=RUN_TIMEOUT_MS)
+        first = int(page.locator("#run-0").get_attribute("data-lines"))
+        shown = page.inner_text("#run-0 .run-step")
+        # The run goes on; the open page (never reloaded) follows it.
+        page.wait_for_function(f"parseInt(document.getElementById('run-0').dataset.lines) >= "
+                               f"{first + 3}", timeout=RUN_TIMEOUT_MS)
+        assert page.inner_text("#run-0 .run-step") != shown
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+        png = tmp_path / "dashboard-live.png"
+        page.locator("#run-0 .chart-acc canvas").first.screenshot(path=str(png))
+        assert _not_blank(png)[1] > 0.01
+        shot = tmp_path / "dashboard-live-page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        _keep(shot)
+    finally:
+        page.close()
+        server.shutdown()
