@@ -87,7 +87,7 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
     if cfg.algorithm.reward_mode != "prime":
         from primekit.reward_models.dense import ExplicitRewarder
 
-        return ExplicitRewarder(cfg, tokenizer, device)
+        return ExplicitRewarder(cfg, tokenizer, device, placement(cfg, trainable=False))
     from primekit.reward_models.implicit import ImplicitPRM
 
     m, p = cfg.model, cfg.prm
