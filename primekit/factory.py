@@ -76,7 +76,8 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)
     trainer = RLTrainer(cfg, policy=policy, tokenizer=tokenizer, engine=engine, verifier=verifier,
                         train_problems=inputs.train_problems, eval_problems=inputs.eval_problems,
-                        rewarder=rewarder, ref=ref, critic=critic)
+                        rewarder=rewarder, ref=ref, critic=critic,
+                        prompt_ids=(inputs.train_prompt_ids, inputs.eval_prompt_ids))
     if resume:
         trainer.resume()
     return trainer
