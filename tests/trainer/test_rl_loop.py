@@ -241,3 +241,17 @@ def test_prompts_are_tokenised_once(rl_config, monkeypatch):
     assert trainer.train_prompt_ids == encode_prompts(trainer.tokenizer, trainer.train_problems, cfg)
     assert trainer.eval_prompt_ids == encode_prompts(trainer.tokenizer, trainer.eval_problems, cfg)
     assert trainer.train_step()["reward/outcome_mean"] >= 0  # and it samples from them
+
+
+def test_critic_trains_without_dropout(rl_config):
+    # transformers' token-classification head drops 10% of its input in training by default;
+    # the critic's values must not be noisy against the (eval-mode) old values they are clipped
+    # against, nor its update depend on random masks (factory.build_critic).
+    from primekit.factory import build_critic
+
+    critic = build_critic(rl_config("algorithm.estimator=ppo"), torch.device("cpu")).train()
+    dropouts = [m.p for m in critic.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(p == 0.0 for p in dropouts)
+    ids = torch.randint(3, 100, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(critic(input_ids=ids).logits, critic(input_ids=ids).logits)
