@@ -221,7 +221,7 @@ def test_a_step_whose_filter_keeps_nothing_is_skipped(rl_config):
 def test_prompts_are_tokenised_once(rl_config, monkeypatch):
     # Validation encodes every prompt for its length check (primekit.validate); the trainer
     # samples from those ids instead of encoding the prompts a second time (1.24 s for the demo's
-    # 20,500 prompts on the 2-core CI machine).
+    # 20,500 prompts on the shared 2-core machine).
     import primekit.trainer.rl as rl
     import primekit.validate as validate
     from primekit.data.splits import encode_prompts
@@ -240,7 +240,6 @@ def test_prompts_are_tokenised_once(rl_config, monkeypatch):
     assert calls == [len(trainer.train_problems), len(trainer.eval_problems)]
     assert trainer.train_prompt_ids == encode_prompts(trainer.tokenizer, trainer.train_problems, cfg)
     assert trainer.eval_prompt_ids == encode_prompts(trainer.tokenizer, trainer.eval_problems, cfg)
-    assert trainer.train_step()["reward/outcome_mean"] >= 0  # and it samples from them
 
 
 def test_critic_trains_without_dropout(rl_config):
