@@ -32,6 +32,10 @@ class Inputs:
     tokenizer: object
     train_problems: list[Problem]
     eval_problems: list[Problem]
+    # The prompts' token ids (`encode_prompts`), computed for the length check; the trainer
+    # samples from them instead of tokenising every prompt a second time.
+    train_prompt_ids: list[list[int]]
+    eval_prompt_ids: list[list[int]]
 
 
 def _check_safetensors(path: Path, field: str) -> None:
@@ -186,8 +190,8 @@ def model_roles(cfg: Config) -> dict[str, str | None]:
 
 
 def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None) -> Inputs:
-    """Check everything a training run reads, before any model is loaded; return the tokenizer
-    and the problem splits for the trainer.
+    """Check everything a training run reads, before any model is loaded; return the tokenizer,
+    the problem splits and their prompts' token ids for the trainer.
 
     Args:
         cfg: the run's config.
@@ -221,10 +225,12 @@ def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its "sequence length is longer" warning: we say it better
     try:
-        check_problem_lengths(encode_prompts(tokenizer, train, cfg), train,
-                              _data_field(cfg, "train"), cfg.rollout.max_new_tokens, context)
-        check_problem_lengths(encode_prompts(tokenizer, heldout, cfg), heldout,
-                              _data_field(cfg, "eval"), max_eval_tokens, context)
+        train_ids = encode_prompts(tokenizer, train, cfg)
+        check_problem_lengths(train_ids, train, _data_field(cfg, "train"),
+                              cfg.rollout.max_new_tokens, context)
+        eval_ids = encode_prompts(tokenizer, heldout, cfg)
+        check_problem_lengths(eval_ids, heldout, _data_field(cfg, "eval"), max_eval_tokens,
+                              context)
     finally:
         hf_logging.set_verbosity(verbosity)
-    return Inputs(tokenizer, train, heldout)
+    return Inputs(tokenizer, train, heldout, train_ids, eval_ids)

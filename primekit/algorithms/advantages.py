@@ -32,7 +32,7 @@ from primekit.algorithms.groups import (
     group_sum,
     leave_one_out_mean,
 )
-from primekit.algorithms.masked import masked_mean, masked_sum, masked_whiten
+from primekit.algorithms.masked import masked_mean, masked_mean_std, masked_whiten
 
 __all__ = [
     "ESTIMATORS",
@@ -666,14 +666,6 @@ ESTIMATORS: dict[str, Callable[..., AdvantageParts]] = {
 }
 
 
-def _masked_std(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    # Unbiased std over valid entries, 0 with fewer than two; no data-dependent branch, so no
-    # host sync on a GPU.
-    n = mask.sum()
-    sq = masked_sum((x - masked_mean(x, mask)) ** 2, mask)
-    return (sq / (n - 1).clamp_min(1).to(x.dtype)).sqrt()
-
-
 def compute_advantages(
     parts: AdvantageParts,
     *,
@@ -702,13 +694,15 @@ def compute_advantages(
         kl: [N, T] per-token KL estimate (see `policy_loss.kl_penalty`), or None.
         kl_coef: weight of the KL penalty.
         whiten: standardise the final advantages.
-        all_reduce: a sum over data-parallel ranks, so that whitening uses the whole batch's
-            mean and variance (`masked_whiten`); None in a single process.
+        all_reduce: a sum over data-parallel ranks, so that whitening and the metrics use the
+            whole batch's counts, means and variance (`masked_whiten`, `masked_mean_std`); None
+            in a single process.
     Returns:
         (advantages [N, T], returns [N, T] or None, metrics) with detached 0-dim tensor metrics:
         adv/mean, adv/std (after whitening), adv/process_abs_mean = masked mean |process_coef *
         process|, adv/outcome_abs_mean = masked mean |A - process share| (the outcome term plus,
-        where present, the critic baseline and the KL penalty), both before whitening.
+        where present, the critic baseline and the KL penalty), both before whitening; all over
+        the valid tokens of every rank when `all_reduce` is given.
     """
     mask = _mask(response_mask, parts.outcome)
     rest = outcome_coef * parts.outcome  # [N, T]: everything but the process share
@@ -723,12 +717,12 @@ def compute_advantages(
     with torch.no_grad():
         zero = torch.zeros((), dtype=adv.dtype, device=adv.device)
         metrics = {
-            "adv/process_abs_mean": zero if proc is None else masked_mean(proc.abs(), mask),
-            "adv/outcome_abs_mean": masked_mean(rest.abs(), mask),
+            "adv/process_abs_mean": zero if proc is None else masked_mean(
+                proc.abs(), mask, all_reduce=all_reduce),
+            "adv/outcome_abs_mean": masked_mean(rest.abs(), mask, all_reduce=all_reduce),
         }
     if whiten:
         adv = masked_whiten(adv, mask, all_reduce=all_reduce)
     with torch.no_grad():
-        metrics["adv/mean"] = masked_mean(adv, mask)
-        metrics["adv/std"] = _masked_std(adv, mask)
+        metrics["adv/mean"], metrics["adv/std"] = masked_mean_std(adv, mask, all_reduce)
     return adv, returns, {k: v.detach() for k, v in metrics.items()}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -71,23 +72,36 @@ def repeated_ngram_share(text: str, n: int = 4) -> tuple[int, int]:
     return repeats, total
 
 
-def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def pearson(x: torch.Tensor, y: torch.Tensor,
+            all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Pearson correlation of two vectors; NaN when N < 2 or either is constant.
 
     Formula: sum dx dy / sqrt(sum dx^2 * sum dy^2), dx = x - mean x, dy = y - mean y.
-    Args: x [N], y [N] (same device). Returns: 0-dim float64 tensor on x's device.
+    Args: x [N], y [N] (same device); all_reduce: sums a tensor over data-parallel ranks, so that
+        the means and sums are over every rank's entries (two all-reduces); None: x and y alone.
+    Returns: 0-dim float64 tensor on x's device.
     """
     x, y = x.detach().double().flatten(), y.detach().double().flatten()
     if x.shape != y.shape:
         raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must have the same length")
-    if len(x) < 2:
-        return torch.full((), math.nan, dtype=torch.float64, device=x.device)
-    dx, dy = x - x.mean(), y - y.mean()
-    den = ((dx * dx).sum() * (dy * dy).sum()).sqrt()
+    first = torch.stack([x.new_tensor(float(len(x))), x.sum(), y.sum()])  # [3]: n, sum x, sum y
+    if all_reduce is not None:
+        first = all_reduce(first)
+    n, sx, sy = first
+    dx, dy = x - sx / n.clamp_min(1), y - sy / n.clamp_min(1)
+    absmax = torch.stack([x.abs().max() if len(x) else x.new_zeros(()),
+                          y.abs().max() if len(y) else y.new_zeros(())])
+    # The centred sums and the scale in one all-reduce; summed over ranks, the per-rank largest
+    # |x| and |y| bound the global ones (within a factor W), which is all the threshold needs.
+    second = torch.cat([torch.stack([(dx * dy).sum(), (dx * dx).sum(), (dy * dy).sum()]), absmax])
+    if all_reduce is not None:
+        second = all_reduce(second)
+    sxy, sxx, syy, ax, ay = second
+    den = (sxx * syy).sqrt()  # 0 for N < 2: dx = dy = 0
     # A vector constant up to rounding has a spread ~1e-16 of its scale: treat it as constant.
-    scale = torch.maximum(torch.maximum(x.abs().max(), y.abs().max()), torch.ones_like(den))
+    scale = torch.maximum(torch.maximum(ax, ay), torch.ones_like(den))
     nan = torch.full_like(den, math.nan)
-    return torch.where(den <= 1e-12 * scale * scale, nan, (dx * dy).sum() / den)
+    return torch.where(den <= 1e-12 * scale * scale, nan, sxy / den)
 
 
 def reward_hacking_metrics(
@@ -98,6 +112,7 @@ def reward_hacking_metrics(
     token_rewards: torch.Tensor | None,
     response_mask: torch.Tensor,
     ngram: int = 4,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-batch reward-hacking diagnostics, keys under "hack/" (Gao et al. Sec. 4.1, Fig. 3).
 
@@ -110,11 +125,14 @@ def reward_hacking_metrics(
         token_rewards is None (outcome-only).
     hack/dense_success_corr: Pearson correlation over responses of the dense return with the
         outcome reward; NaN when undefined (no dense reward, N < 2, or either is constant).
+    Every statistic is pooled over the whole batch: with `all_reduce` (a sum over data-parallel
+    ranks) over every rank's responses, exactly as one process with all of them.
     Args:
         responses: N decoded responses; outcome_rewards: [N]; token_rewards: [N, T] dense rewards
         (PRIME's implicit rewards, or the explicit RM's, before any coefficient) or None;
         response_mask: [N, T].
         ngram: n of the repeated n-gram share.
+        all_reduce: sums a tensor over ranks (every rank must call this together); None: alone.
     Returns:
         {name: detached 0-dim float64 tensor}; NaN where undefined (e.g. an empty batch).
     """
@@ -130,24 +148,32 @@ def reward_hacking_metrics(
             f"{tuple(response_mask.shape)}"
         )
     step_lists = [steps(r, step_delimiter) for r in responses]
-    rep_steps = sum(repeated_step_share(s)[0] for s in step_lists)
-    n_steps = sum(len(s) for s in step_lists)
     grams = [repeated_ngram_share(r, ngram) for r in responses]
-    rep_grams, n_grams = sum(g[0] for g in grams), sum(g[1] for g in grams)
+    mask = response_mask.bool()
+    sums = torch.tensor([  # [7] pooled counts, float64 on the CPU
+        float(n), float(sum(repeated_step_share(s)[0] for s in step_lists)),
+        float(sum(len(s) for s in step_lists)), float(sum(g[0] for g in grams)),
+        float(sum(g[1] for g in grams)), float(sum(len(r) for r in responses)),
+        float(mask.sum())], dtype=torch.float64)
+    if all_reduce is not None:
+        sums = all_reduce(sums)
+    n_all, rep_steps, n_steps, rep_grams, n_grams, chars, tokens = sums.tolist()
     text = {
-        "hack/steps_per_response": n_steps / n if n else math.nan,
+        "hack/steps_per_response": n_steps / n_all if n_all else math.nan,
         "hack/repeated_step_share": rep_steps / n_steps if n_steps else 0.0,
         "hack/repeated_ngram_share": rep_grams / n_grams if n_grams else 0.0,
-        "hack/response_len_chars": sum(len(r) for r in responses) / n if n else math.nan,
+        "hack/response_len_chars": chars / n_all if n_all else math.nan,
+        "hack/response_len_tokens": tokens / n_all if n_all else math.nan,
     }
     out = {k: torch.tensor(v, dtype=torch.float64) for k, v in text.items()}
-    mask = response_mask.bool()
-    # mean of an empty [0] tensor is NaN, the value an empty batch should report
-    out["hack/response_len_tokens"] = mask.sum(1).double().mean()
     nan = torch.full((), math.nan, dtype=torch.float64, device=mask.device)
     out["hack/dense_return_mean"] = out["hack/dense_success_corr"] = nan
-    if token_rewards is not None and n:
+    if token_rewards is not None and n_all:
         dense_return = masked_sum(token_rewards.detach().double(), mask, dim=1)  # [N]
-        out["hack/dense_return_mean"] = dense_return.mean()
-        out["hack/dense_success_corr"] = pearson(dense_return, outcome_rewards.to(dense_return.device))
+        total = dense_return.sum()
+        if all_reduce is not None:
+            total = all_reduce(total)
+        out["hack/dense_return_mean"] = total / n_all
+        out["hack/dense_success_corr"] = pearson(
+            dense_return, outcome_rewards.to(dense_return.device), all_reduce)
     return out

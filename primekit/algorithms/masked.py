@@ -16,6 +16,7 @@ __all__ = [
     "aggregate_loss",
     "loss_agg_count",
     "masked_mean",
+    "masked_mean_std",
     "masked_sum",
     "masked_var",
     "masked_whiten",
@@ -46,7 +47,11 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> t
 
 
 def masked_mean(
-    x: torch.Tensor, mask: torch.Tensor, dim: int | None = None, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    dim: int | None = None,
+    eps: float = 1e-8,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Mean of `x` over entries where `mask` is set.
 
@@ -58,12 +63,50 @@ def masked_mean(
         mask: same shape as `x`.
         dim: reduce over this dim; None reduces over all entries.
         eps: floor for the count of valid entries.
+        all_reduce: sums a tensor over data-parallel ranks (e.g.
+            `primekit.distributed.all_reduce_sum`), so that the mean is over every rank's valid
+            entries; only with dim=None. None: this tensor alone.
     Returns:
         The masked mean, shape of `x` without `dim` (scalar when dim is None).
     """
     m = _bool_mask(mask, x)
     count = m.sum() if dim is None else m.sum(dim=dim)
-    return masked_sum(x, m, dim) / count.to(x.dtype).clamp_min(eps)
+    total = masked_sum(x, m, dim)
+    if all_reduce is not None:
+        if dim is not None:
+            raise ValueError("masked_mean: all_reduce needs dim=None (one scalar per rank)")
+        total, count = all_reduce(torch.stack([total, count.to(total.dtype)]))
+    return total / count.to(x.dtype).clamp_min(eps)
+
+
+def masked_mean_std(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased standard deviation of the valid entries of `x` (two scalars).
+
+    Formula: mean = sum_i x_i [mask_i] / n; std = sqrt(sum_i (x_i - mean)^2 [mask_i] / (n - 1)),
+    n the number of valid entries; std is 0 with fewer than two (mean 0 with none). Two passes
+    (the mean first), as in one process, so W ranks agree with one process to rounding.
+
+    Args:
+        x: any shape, e.g. [N, T] or [N].
+        mask: same shape as `x`.
+        all_reduce: sums a tensor over data-parallel ranks: the statistics of every rank's
+            entries (two all-reduces); None: of `x` alone.
+    Returns:
+        (mean, std), 0-dim tensors in x's dtype.
+    """
+    m = _bool_mask(mask, x)
+    n, total = m.sum().to(x.dtype), masked_sum(x, m)
+    if all_reduce is not None:
+        n, total = all_reduce(torch.stack([n, total]))
+    mean = total / n.clamp_min(1)
+    sq = masked_sum((x - mean) ** 2, m)
+    if all_reduce is not None:
+        sq = all_reduce(sq)
+    return mean, (sq / (n - 1).clamp_min(1)).sqrt()
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:

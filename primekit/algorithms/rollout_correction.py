@@ -13,6 +13,8 @@ Notation: N sequences, T response tokens; log-probs are of the sampled tokens, [
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from primekit.algorithms.masked import masked_mean
@@ -63,6 +65,9 @@ def logprob_mismatch(
     old_logprobs: torch.Tensor,
     sampling_logprobs: torch.Tensor,
     response_mask: torch.Tensor,
+    *,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    all_reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """How far the rollout engine's log-probs are from the trainer's on the same sampled tokens.
 
@@ -76,6 +81,8 @@ def logprob_mismatch(
         old_logprobs: [N, T] the trainer's log-probs (pi_old).
         sampling_logprobs: [N, T] the rollout engine's log-probs (pi_rollout).
         response_mask: [N, T].
+        all_reduce, all_reduce_max: the sum and the max over data-parallel ranks, so that the
+            mean and the max are over every rank's tokens; None: this batch alone.
     Returns:
         {"rollout/logprob_kl": 0-dim, "rollout/logprob_max_abs_diff": 0-dim}, detached, nats.
     """
@@ -83,7 +90,10 @@ def logprob_mismatch(
     d = old_logprobs.detach().float() - sampling_logprobs.detach().float()  # [N, T]
     m = response_mask.bool()
     abs_diff = d.abs().masked_fill(~m, 0.0)
+    max_abs = abs_diff.max() if d.numel() else d.new_zeros(())
+    if all_reduce_max is not None:
+        max_abs = all_reduce_max(max_abs)
     return {
-        "rollout/logprob_kl": masked_mean(torch.expm1(d) - d, m),
-        "rollout/logprob_max_abs_diff": abs_diff.max() if d.numel() else d.new_zeros(()),
+        "rollout/logprob_kl": masked_mean(torch.expm1(d) - d, m, all_reduce=all_reduce),
+        "rollout/logprob_max_abs_diff": max_abs,
     }

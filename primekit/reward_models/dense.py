@@ -22,7 +22,10 @@ import time
 
 import torch
 
+from primekit import distributed as dist
+from primekit.algorithms.masked import masked_mean_std
 from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place_step_rewards
+from primekit.models.parallel import Placement, prepare_model
 from primekit.reward_models.heads import load_reward_model
 from primekit.reward_models.orm import last_token_index, orm_scores
 from primekit.reward_models.prm import prm_step_scores
@@ -73,12 +76,14 @@ def orm_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
 
 class ExplicitRewarder:
     """The frozen ORM or step-level PRM at cfg.explicit.model_path, by cfg.algorithm.reward_mode
-    ("explicit-orm" | "explicit-prm").
+    ("explicit-orm" | "explicit-prm"), placed by `placement` (FSDP2-sharded under torchrun, as
+    every other model of the loop; `primekit.factory` passes it).
 
     token_rewards(batch) -> (dense rewards [N, T] on CPU, metrics): see the module docstring.
     """
 
-    def __init__(self, cfg, tokenizer, device: str | torch.device = "cpu"):
+    def __init__(self, cfg, tokenizer, device: str | torch.device = "cpu",
+                 placement: Placement | None = None):
         reward_mode = cfg.algorithm.reward_mode
         if reward_mode not in ("explicit-orm", "explicit-prm"):
             raise ValueError(
@@ -109,20 +114,29 @@ class ExplicitRewarder:
         self.transform, self.eta, self.length_penalty = e.transform, e.eta, e.length_penalty
         self.delimiter = e.step_delimiter
         self.micro_batch_size = cfg.policy.micro_batch_size
+        # A frozen model like the reference: stored in the compute dtype and, under torchrun,
+        # FSDP2-sharded (placement from primekit.factory); None: whole, in float32.
         self.model = load_reward_model(
-            path, device=self.device, trust_remote_code=cfg.model.trust_remote_code
+            path, device=self.device, trust_remote_code=cfg.model.trust_remote_code,
+            dtype=placement.storage_dtype if placement is not None else torch.float32,
         )
+        if placement is not None:
+            if placement.trainable:
+                raise ValueError("an explicit reward model is frozen: placement.trainable=False")
+            prepare_model(self.model, placement)
 
     @torch.no_grad()
     def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.response_mask.cpu()
         kw = {"micro_batch_size": self.micro_batch_size, "device": self.device}
+        # Metrics are over the responses and steps of every rank (sums all-reduced: every rank
+        # calls this together under torchrun), as one process with the whole batch reports them.
         if self.mode == "orm":
             scores = orm_scores(self.model, batch, **kw)  # [N]
+            mean, std = masked_mean_std(scores.double(), torch.ones_like(scores, dtype=torch.bool),
+                                        dist.all_reduce_sum)
             return orm_token_rewards(scores, mask), {
-                "explicit/orm_score_mean": float(scores.mean()),
-                "explicit/orm_score_std": float(scores.std()) if len(scores) > 1 else 0.0,
-            }
+                "explicit/orm_score_mean": float(mean), "explicit/orm_score_std": float(std)}
         probs, positions, step_mask = prm_step_scores(
             self.model, self.tokenizer, batch, delimiter=self.delimiter, **kw
         )
@@ -131,16 +145,20 @@ class ExplicitRewarder:
         )  # [N, S]
         rewards = place_step_rewards(step_rewards, positions, mask.shape[1])  # [N, T]
         valid = step_mask.bool()
-        metrics = {
-            "explicit/steps_mean": float(valid.sum(1).float().mean()),
-            "explicit/dense_return_mean": float(step_rewards.sum(1).mean()),
-        }
-        if bool(valid.any()):
-            # min over a row's steps: the PRM's verdict on its weakest step
-            weakest = torch.where(valid, probs, torch.ones_like(probs)).min(1).values[valid.any(1)]
-            metrics["explicit/prm_prob_mean"] = float(probs[valid].mean())
-            metrics["explicit/prm_prob_min_mean"] = float(weakest.mean())
-            metrics["explicit/step_reward_mean"] = float(step_rewards[valid].mean())
+        # min over a row's steps: the PRM's verdict on its weakest step
+        weakest = torch.where(valid, probs, torch.ones_like(probs)).min(1).values[valid.any(1)]
+        sums = torch.tensor([  # [7]
+            float(len(valid)), float(valid.sum()), float(step_rewards.sum()),
+            float(probs[valid].sum()), float(len(weakest)), float(weakest.sum()),
+            float(step_rewards[valid].sum())], dtype=torch.float64)
+        rows, n_steps, returns, prob_sum, rows_with_steps, weakest_sum, reward_sum = (
+            dist.all_reduce_sum(sums).tolist())
+        metrics = {"explicit/steps_mean": n_steps / rows if rows else float("nan"),
+                   "explicit/dense_return_mean": returns / rows if rows else float("nan")}
+        if n_steps:
+            metrics["explicit/prm_prob_mean"] = prob_sum / n_steps
+            metrics["explicit/prm_prob_min_mean"] = weakest_sum / rows_with_steps
+            metrics["explicit/step_reward_mean"] = reward_sum / n_steps
         return rewards, metrics
 
     # The trainer's TokenRewarder seam (primekit.trainer.experience): a frozen model, so no

@@ -50,16 +50,21 @@ def init_reward_model(
 
 
 def load_reward_model(
-    path: str | Path, *, device: str | torch.device = "cpu", trust_remote_code: bool = False
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    dtype: torch.dtype = torch.float32,
 ):
-    """A trained reward model (`primekit train-orm` / `train-prm` output), frozen, in eval mode."""
+    """A trained reward model (`primekit train-orm` / `train-prm` output), frozen, in eval mode,
+    its weights in `dtype`."""
     from transformers import AutoModelForTokenClassification
 
     p = Path(path).expanduser()
     if not p.is_dir():
         raise FileNotFoundError(f"reward model directory not found: {str(path)!r}")
     model = AutoModelForTokenClassification.from_pretrained(
-        str(p), num_labels=1, dtype=torch.float32, trust_remote_code=trust_remote_code
+        str(p), num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
     )
     if model.config.num_labels != 1:
         raise ValueError(f"reward model {str(path)!r} has {model.config.num_labels} labels, need 1")

@@ -19,10 +19,12 @@ from typing import Literal
 
 import torch
 
+from primekit import distributed as dist
 from primekit.algorithms import (
     implicit_sequence_rewards,
     implicit_token_rewards,
     masked_mean,
+    masked_mean_std,
     prm_absolute_accuracy,
     prm_ce_loss,
     prm_dpo_loss,
@@ -97,9 +99,11 @@ class ImplicitPRM:
             seq = implicit_sequence_rewards(token_rewards, mask)  # [N], re-scored
             metrics.update(_pairwise_accuracy(seq, outcome_rewards, group_ids,
                                               "prm/acc_pairwise_after"))
-        metrics["reward/implicit_seq_mean"] = seq.mean()
-        metrics["reward/implicit_seq_std"] = seq.std() if len(seq) > 1 else 0.0
-        metrics["reward/implicit_token_abs_mean"] = masked_mean(token_rewards.abs(), mask)
+        # Over the rows and tokens of every rank (sums all-reduced), as one process would.
+        metrics["reward/implicit_seq_mean"], metrics["reward/implicit_seq_std"] = masked_mean_std(
+            seq, torch.ones_like(seq, dtype=torch.bool), dist.all_reduce_sum)
+        metrics["reward/implicit_token_abs_mean"] = masked_mean(
+            token_rewards.abs(), mask, all_reduce=dist.all_reduce_sum)
         return token_rewards, metrics
 
     def _score_and_update(self, batch: RolloutBatch, outcome_rewards: torch.Tensor,
@@ -164,6 +168,8 @@ class ImplicitPRM:
 
 def _pairwise_accuracy(seq_rewards: torch.Tensor, outcome_rewards: torch.Tensor,
                        group_ids: torch.Tensor, key: str) -> dict[str, torch.Tensor]:
-    # Left out (not NaN) when no group has outcomes that differ: there is nothing to order.
-    correct, pairs = prm_pairwise_counts(seq_rewards, outcome_rewards, group_ids)
+    # Pooled over the pairs of every rank. Left out (not NaN) when no group of any rank has
+    # outcomes that differ: there is nothing to order.
+    correct, pairs = dist.all_reduce_sum(torch.stack(
+        prm_pairwise_counts(seq_rewards, outcome_rewards, group_ids)))
     return {key: correct / pairs} if pairs else {}

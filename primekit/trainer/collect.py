@@ -63,11 +63,12 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
             kept.append((batch.select(rows), [problems[i] for i in rows.tolist()],
                          [verdicts[i] for i in rows.tolist()]))
             groups_kept += rows.numel() // K
-    metrics = {"reward/outcome_mean_sampled": torch.cat(sampled_scores).mean(),
-               "filter/keep_rate": groups_kept / max(groups_seen, 1), "filter/rounds": rounds,
-               "sampled_tokens": sampled_tokens, **verdict_stats(all_verdicts)}
+    metrics = {"sampled_tokens": sampled_tokens,
+               **_global_collect_metrics(torch.cat(sampled_scores), all_verdicts,
+                                         groups_kept, groups_seen, rounds)}
     if dist.world_size() > 1:
-        groups_kept = int(dist.reduce_metrics({"groups": groups_kept}, op="min")["groups"])
+        # Every rank trains on the smallest count any rank kept (-max(-x): one all-reduce).
+        groups_kept = int(-dist.all_reduce_max(torch.tensor(-float(groups_kept))))
     metrics["filter/groups_kept"] = groups_kept
     metrics["train/skipped"] = float(groups_kept == 0)
     if groups_kept == 0:
@@ -83,8 +84,40 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
     metrics["reward/outcome_mean"] = exp.outcome_rewards.mean()
     if per_task:  # reward/outcome_mean/math, reward/outcome_mean/code, ...
         metrics.update({f"reward/outcome_mean/{task}": mean for task, mean in
-                        mean_by_task(exp.problems, exp.outcome_rewards.tolist()).items()})
+                        _global_mean_by_task(exp.problems, exp.outcome_rewards).items()})
     return exp, metrics
+
+
+def _global_collect_metrics(scores: torch.Tensor, verdicts: list[Verdict], groups_kept: int,
+                            groups_seen: int, rounds: int) -> dict[str, float]:
+    """The collect phase's reward/, filter/ and verify/ metrics over the rollouts of every rank
+    (sums and counts all-reduced, rounds the most any rank needed), as one process with all the
+    rollouts would report them; at world size 1 the local values."""
+    stats = verdict_stats(verdicts)
+    rates = sorted(k for k in stats if k != "verify/retries")  # shares of the verdicts
+    n = float(len(verdicts))
+    packed = torch.tensor([float(len(scores)), float(scores.sum()), float(groups_kept),
+                           float(groups_seen), stats["verify/retries"]]
+                          + [stats[k] * n for k in rates] + [n], dtype=torch.float64)
+    count, total, kept, seen, retries, *rate_sums, n_all = dist.all_reduce_sum(packed).tolist()
+    out = {"reward/outcome_mean_sampled": total / count if count else float("nan"),
+           "filter/keep_rate": kept / max(seen, 1.0), "verify/retries": retries,
+           "filter/rounds": float(dist.all_reduce_max(torch.tensor(float(rounds))))}
+    out.update({k: v / n_all if n_all else 0.0 for k, v in zip(rates, rate_sums)})
+    return out
+
+
+def _global_mean_by_task(problems: list[Problem], scores: torch.Tensor) -> dict[str, float]:
+    """`mean_by_task` over every rank's rows: {task: mean score} for the tasks any rank has."""
+    means = mean_by_task(problems, scores.tolist())
+    counts = {task: float(sum(p.task == task for p in problems)) for task in means}
+    sums: dict[str, list[float]] = {}
+    for part in dist.all_gather_object({t: (means[t] * counts[t], counts[t]) for t in means}):
+        for task, (total, n) in part.items():
+            acc = sums.setdefault(task, [0.0, 0.0])
+            acc[0] += total
+            acc[1] += n
+    return {task: total / n for task, (total, n) in sorted(sums.items())}
 
 
 def warn_unfilled(step: int, metrics: dict, need: int) -> None:

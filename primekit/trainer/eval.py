@@ -37,7 +37,8 @@ def evaluate(
     generator: torch.Generator | None = None,
     batch_prompts: int = 256,
 ) -> dict[str, float]:
-    """Greedy pass@1, plus avg@k and pass@k over k samples per problem when k > 1.
+    """Greedy pass@1, plus avg@k and pass@k over k samples per problem when k > 1; under
+    torchrun over the problems of every rank (each rank passes its shard; a collective).
 
     Metric keys: eval/pass@1_greedy, eval/avg@k, eval/pass@k, eval/response_len,
     eval/error_rate (verifier errors + timeouts), eval/wall_s.
@@ -53,13 +54,10 @@ def evaluate(
         greedy_scores += [v.score for v in verdicts]
         broken += sum(v.status in ("error", "timeout") for v in verdicts)
         lengths += batch.response_mask.sum(1).tolist()
-    # pass@1 counts a partial code score as its fraction, as the paper's code reward does.
-    metrics["eval/pass@1_greedy"] = sum(greedy_scores) / len(greedy_scores)
-    metrics["eval/response_len"] = sum(lengths) / len(lengths)
     total = len(problems)
+    per_problem_correct: list[int] = []
+    sampled_scores: list[float] = []
     if k > 1:
-        per_problem_correct = []
-        sampled_scores = []
         step = max(1, batch_prompts // k)
         for lo in range(0, len(problems), step):
             chunk_problems = problems[lo : lo + step]
@@ -74,10 +72,19 @@ def evaluate(
                 group = verdicts[i * k : (i + 1) * k]
                 sampled_scores += [v.score for v in group]
                 per_problem_correct.append(sum(v.status == "correct" for v in group))
-        metrics[f"eval/avg@{k}"] = sum(sampled_scores) / len(sampled_scores)
-        metrics[f"eval/pass@{k}"] = sum(pass_at_k(k, c, k) for c in per_problem_correct) / len(
-            per_problem_correct
-        )
+    # Under torchrun each rank evaluates its shard of the problems: the sums and counts are
+    # all-reduced, so the means are over every rank's problems (also for uneven shards).
+    sums = dist.all_reduce_sum(torch.tensor([
+        sum(greedy_scores), len(greedy_scores), sum(lengths), sum(sampled_scores),
+        len(sampled_scores), sum(pass_at_k(k, c, k) for c in per_problem_correct),
+        len(per_problem_correct), broken, total], dtype=torch.float64)).tolist()
+    greedy, n_greedy, length, sampled, n_sampled, passed, n_passed, broken, total = sums
+    # pass@1 counts a partial code score as its fraction, as the paper's code reward does.
+    metrics["eval/pass@1_greedy"] = greedy / n_greedy
+    metrics["eval/response_len"] = length / n_greedy
+    if k > 1:
+        metrics[f"eval/avg@{k}"] = sampled / n_sampled
+        metrics[f"eval/pass@{k}"] = passed / n_passed
     metrics["eval/error_rate"] = broken / total
     metrics["eval/wall_s"] = time.perf_counter() - start
     return metrics

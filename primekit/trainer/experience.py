@@ -12,8 +12,10 @@ from typing import Protocol
 
 import torch
 
+from primekit import distributed as dist
 from primekit.algorithms import (
     logprob_mismatch,
+    masked_mean,
     reward_hacking_metrics,
     truncated_importance_weights,
 )
@@ -114,13 +116,18 @@ class PromptSampler:
 
 
 def batch_metrics(exp: Experience, step_delimiter: str) -> dict[str, torch.Tensor | float]:
-    """Response lengths and the reward-hacking diagnostics of a step's batch."""
-    lengths = exp.batch.response_mask.sum(1).float()  # [N]
-    metrics = {"response/len_mean": lengths.mean(), "response/len_max": lengths.max(),
-               "response/truncated_rate": (~exp.batch.finished).float().mean()}
+    """Response lengths and the reward-hacking diagnostics of a step's batch: under torchrun,
+    of the whole batch over all ranks (a collective)."""
+    lengths = exp.batch.response_mask.sum(1).double()  # [N]
+    n, total, truncated = dist.all_reduce_sum(torch.stack([  # over ranks
+        lengths.new_tensor(float(len(lengths))), lengths.sum(),
+        (~exp.batch.finished).double().sum()]))
+    metrics = {"response/len_mean": total / n, "response/truncated_rate": truncated / n,
+               "response/len_max": dist.all_reduce_max(lengths.max())}
     hack = reward_hacking_metrics(
         exp.batch.responses, step_delimiter=step_delimiter, outcome_rewards=exp.outcome_rewards,
-        token_rewards=exp.token_rewards, response_mask=exp.response_mask)
+        token_rewards=exp.token_rewards, response_mask=exp.response_mask,
+        all_reduce=dist.all_reduce_sum)
     # An undefined correlation (constant rewards) is left out, as other undefined metrics are.
     metrics.update({k: v for k, v in hack.items() if math.isfinite(v)})
     return metrics
@@ -135,12 +142,14 @@ def correct_for_sampler(exp: Experience, policy: PolicyConfig) -> dict[str, torc
         return {}
     cpu = exp.old_logprobs.device
     sampled, mask = exp.batch.sampling_logprobs.to(cpu), exp.response_mask.to(cpu)  # [N, T]
-    metrics = dict(logprob_mismatch(exp.old_logprobs, sampled, mask))
+    metrics = dict(logprob_mismatch(exp.old_logprobs, sampled, mask,
+                                    all_reduce=dist.all_reduce_sum,
+                                    all_reduce_max=dist.all_reduce_max))  # over all ranks
     if policy.rollout_correction == "tis":
         w = truncated_importance_weights(exp.old_logprobs, sampled, mask,
                                          cap=policy.tis_cap)  # [N, T]
         exp.advantages = exp.advantages * w.to(exp.advantages.device)
-        metrics["rollout/tis_weight_mean"] = w.sum() / mask.sum()
+        metrics["rollout/tis_weight_mean"] = masked_mean(w, mask, all_reduce=dist.all_reduce_sum)
     return metrics
 
 

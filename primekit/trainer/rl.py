@@ -83,12 +83,15 @@ class RLTrainer:
         ref: the frozen reference model, if the rewarder or a KL term needs one; without it the
             old-policy log-probs stand in for the reference (`prm.reference=rollout`).
         critic: a value model (estimator "ppo").
+        prompt_ids: the token ids of train_problems' and eval_problems' prompts, when the caller
+            has them (`primekit.validate` tokenises them for its length check); None: encoded here.
     """
 
     def __init__(self, cfg: Config, *, policy: torch.nn.Module, tokenizer, engine: RolloutEngine,
                  verifier: Verifier, train_problems: list[Problem], eval_problems: list[Problem],
                  rewarder: TokenRewarder | None = None, ref: torch.nn.Module | None = None,
-                 critic: torch.nn.Module | None = None):
+                 critic: torch.nn.Module | None = None,
+                 prompt_ids: tuple[list[list[int]], list[list[int]]] | None = None):
         self.cfg = cfg
         self.policy, self.tokenizer, self.engine, self.verifier = policy, tokenizer, engine, verifier
         self.rewarder, self.ref, self.critic = rewarder, ref, critic
@@ -99,8 +102,9 @@ class RLTrainer:
                            if critic is not None else None)
         self.train_problems, self.eval_problems = train_problems, eval_problems
         self.mixed_tasks = len({p.task for p in train_problems}) > 1  # per-task reward metrics
-        self.train_prompt_ids = encode_prompts(tokenizer, train_problems, cfg)
-        self.eval_prompt_ids = encode_prompts(tokenizer, eval_problems, cfg)
+        self.train_prompt_ids, self.eval_prompt_ids = prompt_ids or (
+            encode_prompts(tokenizer, train_problems, cfg),
+            encode_prompts(tokenizer, eval_problems, cfg))
         self.sampler = PromptSampler(len(train_problems), cfg.data.seed, dist.rank(),
                                      dist.world_size())
         self.rollout_gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + dist.rank())

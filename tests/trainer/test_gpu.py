@@ -1,6 +1,7 @@
 """The CUDA paths, run only where a GPU is present (CI has none): bf16 on a real device, NCCL
-over 2 GPUs, and the memory plan against torch.cuda's measured peak. Marked `gpu`; the default
-and slow tiers skip them. Run with `python -m pytest -m gpu -s`."""
+(one rank on one GPU; two ranks through torchrun when there are two GPUs), and the memory plan
+against torch.cuda's measured peak. Marked `gpu`; the default and slow tiers skip them. Run them
+all in one go with `bash .ci/gpu.sh` (it prints the measured figures)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,47 @@ def test_bf16_prime_step_on_cuda_keeps_fp32_master_weights(rl_config):
     assert all(math.isfinite(v) for v in metrics.values())
     assert all(p.dtype == torch.float32 and p.is_cuda for p in trainer.policy.parameters())
     assert next(trainer.engine.model.parameters()).dtype == torch.bfloat16
+
+
+def test_nccl_one_rank_sharded_bf16_update_and_metric_collectives(sft_model_dir, tmp_path):
+    # One GPU is enough for primekit's NCCL code: a 1-rank NCCL group, the policy FSDP2-sharded
+    # with bf16 compute over fp32 master weights, one AdamW step, and the metric collectives
+    # (which move CPU tensors to the GPU for NCCL and back).
+    from primekit import distributed as dist
+    from primekit.algorithms import masked_mean_std
+    from primekit.models.hf import load_model
+    from primekit.models.logprobs import score_tokens, sequence_logprobs
+    from primekit.models.parallel import Placement, is_sharded, prepare_model
+
+    torch.cuda.set_device(0)
+    torch.distributed.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}",
+                                         rank=0, world_size=1)
+    try:
+        model = load_model(str(sft_model_dir), dtype=torch.float32, device="cuda")
+        prepare_model(model, Placement(compute_dtype=torch.bfloat16, trainable=True, shard=True),
+                      score_tokens)
+        assert is_sharded(model)
+        before = [p.detach().full_tensor().clone() for p in model.parameters()]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(3, 200, (4, 24), device="cuda")
+        lp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), 8)
+        assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
+        (-lp.mean()).backward()
+        opt.step()
+        after = [p.detach().full_tensor() for p in model.parameters()]
+        assert all(p.dtype == torch.float32 for p in after)
+        assert sum(int((a != b).sum()) for a, b in zip(after, before)) > 0.9 * sum(
+            b.numel() for b in before)  # the fp32 masters moved almost everywhere
+
+        assert dist.reduce_metrics({"a": 2.0, "b": float("nan")}, op="max") == {
+            "a": 2.0, "b": pytest.approx(float("nan"), nan_ok=True)}
+        x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+        mean, std = masked_mean_std(x, x > 0, dist.all_reduce_sum)
+        # 1, 2, 3, 4: squared deviations 2.25 + 0.25 + 0.25 + 2.25 = 5, over n - 1 = 3
+        assert (mean.item(), std.item()) == pytest.approx((2.5, (5 / 3) ** 0.5))
+        assert dist.all_reduce_max(torch.tensor(3.0)).item() == 3.0
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")

@@ -200,7 +200,10 @@ def test_killing_a_rank_during_a_sharded_save_keeps_the_last_checkpoint(sft_mode
                       nprocs=2, timeout_s=400, what="2-rank save killed")
     root = run_dir / "checkpoints"
     assert latest_checkpoint(run_dir) == root / "step_000001"
-    assert [p.name for p in root.glob(".tmp-step_000002-*")]  # the unfinished save, ignored
+    # The unfinished save never became step 2. Its temp dir is either left behind (ignored by
+    # readers, deleted by the next save) or already removed by rank 0, when gloo reported the
+    # dead peer to rank 0's dcp.save before the launcher stopped it (a race: seen 1 in 3 runs).
+    assert not (root / "step_000002").exists()
     resumed = build_rl_trainer(_cfg(sft_model_dir, run_dir), resume=True, verifier=_Parity())
     assert resumed.step == 1
     _assert_same_state(_full_state(resumed), torch.load(out / "step1.pt", weights_only=False))
