@@ -117,7 +117,7 @@ def evaluate_heldout(engine, verifier, problems: list[Problem], prompt_ids: list
                      cfg) -> dict[str, float]:
     """`evaluate` on this rank's shard of the first `eval.num_problems` held-out problems, with
     the config's sampling settings and a fixed generator (the same problems and seeds at every
-    evaluation of a run). Metrics are rank-local; the caller reduces them."""
+    evaluation of a run). A collective under torchrun: the metrics are over every rank's shard."""
     e = cfg.eval
     shard = dist.shard(list(range(min(e.num_problems, len(problems)))))
     gen = torch.Generator().manual_seed(cfg.train.seed + 99991)
