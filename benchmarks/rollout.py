@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_ms.append(1000 * (time.perf_counter() - start))
         console.print(f"vLLM weight sync: {statistics.mean(sync_ms):.0f} ms mean of "
                       f"{len(sync_ms)} ({min(sync_ms):.0f} to {max(sync_ms):.0f} ms)")
+        engine.close()  # the --steps trainer starts its own
 
     table = Table(title=f"rollout throughput: {len(prompts)} sequences, max "
                         f"{args.max_new_tokens} new tokens, T={args.temperature}, "

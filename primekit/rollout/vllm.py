@@ -9,8 +9,8 @@ process), not in the trainer's: measured on the tiny model (benchmarks/rollout.p
 5 to 20 times faster that way on a CPU, and the trainer keeps its own thread settings. A weight
 sync therefore hands the worker a file, not tensors: the policy's parameters are written as one
 safetensors file into a private directory (in /dev/shm, RAM, where it exists) and the worker
-re-loads it with vLLM's `reload_weights(weights_path=...)`. `VLLM_ENABLE_V1_MULTIPROCESSING=0`
-in the environment keeps the engine in the trainer's process instead (the same sync works).
+re-loads it with vLLM's `reload_weights(weights_path=...)` (vllm_worker.py).
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` in the environment keeps the engine in the trainer's process instead (the same sync works).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from primekit.config import ConfigError
 from primekit.rollout.base import RolloutBatch, SamplingParams, check_prompt_ids
+from primekit.rollout.vllm_worker import EXTENSION
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -122,6 +123,8 @@ class VLLMRolloutEngine:
             enforce_eager=True,
             # log softmax(z / T) of the sampled token, not vLLM's default log softmax(z).
             logprobs_mode="processed_logprobs",
+            # sync_weights' reload, tied embeddings included (primekit/rollout/vllm_worker.py).
+            worker_extension_cls=EXTENSION,
             trust_remote_code=trust_remote_code,
             **memory,
         )
@@ -138,8 +141,10 @@ class VLLMRolloutEngine:
         The parameters are written, under their HF checkpoint names (a tied output embedding
         once, as `named_parameters` lists it), to `model.safetensors` in the engine's private
         directory, and the worker re-runs vLLM's load path on that directory: the checkpoint
-        tensors are loaded and re-processed for the backend's kernels, in place. Only the path
-        crosses to the worker process. vLLM's `model.load_weights` is not usable after start-up
+        tensors are loaded and re-processed for the backend's kernels, in place, and a tied
+        output embedding is re-processed too (`vllm_worker.WeightReload`). Only the path
+        crosses to the worker process. The prefix cache is emptied after: its KV blocks were
+        computed with the old weights. vLLM's `model.load_weights` is not usable after start-up
         on a CPU (its linear layers are repacked for the CPU kernels and lose their weight
         loaders), and `reload_weights(weights_iterator=...)` cannot cross the process boundary
         (its tensors arrive as lists).
@@ -151,7 +156,17 @@ class VLLMRolloutEngine:
         partial = directory / "model.safetensors.partial"  # never a half-written model file
         save_file(tensors, str(partial))
         partial.replace(directory / "model.safetensors")
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory)})
+        self.llm.collective_rpc("primekit_reload_weights", args=(str(directory),))
+        # The prefix cache holds KV blocks computed with the old weights: a prompt (or a sample's
+        # prefix) of a full block seen before the sync would reuse them.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync")
+
+    def close(self) -> None:
+        """Stop the engine's processes and remove the weights directory now (both also happen
+        when the process exits)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._weights_dir.cleanup()
 
     # ------------------------------------------------------------------ sampling
     def generate(
