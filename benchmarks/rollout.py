@@ -2,8 +2,10 @@
 
 Every engine gets the same batch of prompts (the demo's arithmetic prompts, encoded as the trainer
 encodes them), the same sampling (temperature, top-p) and the same max new tokens. Each is called
-once untimed (warm-up: vLLM's first call builds its kernels) and then `--repeats` times; a row
-reports generated tokens (EOS included, padding not) per second of wall time over those calls.
+once untimed (warm-up: vLLM's first calls build kernels), then `--repeats` rounds call every
+engine once in turn (on a shared machine the load changes by the minute; interleaving spreads
+it evenly). A row reports generated tokens (EOS included, padding not) per second of wall time
+over its timed calls.
 
 vLLM parts (when vLLM can be imported, i.e. in the `.venv-vllm` of `.ci/vllm.sh`):
 - `vllm (primekit engine)`: `VLLMRolloutEngine.generate`, what the trainer calls: one request
@@ -15,9 +17,11 @@ vLLM parts (when vLLM can be imported, i.e. in the `.venv-vllm` of `.ci/vllm.sh`
 - `--steps N`: N PRIME steps of `configs/tiny.yaml` with rollout.backend=vllm after one warm-up
   step: `timing/weight_sync` as a share of `timing/step`, the issue's target being <= 10 %.
 
-The HF parts run with `--threads` torch threads; vLLM's CPU worker binds its own OpenMP threads
-to the cores (`VLLM_CPU_OMP_THREADS_BIND`, default: all) once it starts, so they run first. On a
-GPU machine the HF parts use the GPU (`--device auto`) and vLLM is whichever build is installed.
+The HF parts run with `--threads` torch threads in this process; vLLM runs in its own
+processes (its worker binds one OpenMP thread per core it is given). With
+VLLM_ENABLE_V1_MULTIPROCESSING=0 vLLM runs in this process instead and takes over its torch
+threads (printed). On a GPU machine the HF parts use the GPU (`--device auto`) and vLLM is
+whichever build is installed.
 
 Usage:
     python benchmarks/rollout.py --policy runs/demo/sft [--batch 64] [--max-new-tokens 64]
@@ -48,14 +52,20 @@ from primekit.runtime import resolve_device
 console = Console(width=120)
 
 
-def timed_calls(call, repeats: int) -> tuple[int, float, int]:
-    """(tokens, seconds, calls) over `repeats` calls after one untimed warm-up call; `call(i)`
-    returns the number of generated tokens of call i."""
-    call(-1)
-    tokens, start = 0, time.perf_counter()
+def interleaved(calls: dict[str, object], repeats: int) -> dict[str, tuple[int, float]]:
+    """{name: (tokens, seconds)} over `repeats` rounds; each round calls every engine once, in
+    turn, so that the load of a shared machine falls on all of them alike. Each `call(i)` returns
+    the number of tokens it generated; one untimed call per engine comes first (warm-up)."""
+    for call in calls.values():
+        call(-1)
+    totals = {name: (0, 0.0) for name in calls}
     for i in range(repeats):
-        tokens += call(i)
-    return tokens, time.perf_counter() - start, repeats
+        for name, call in calls.items():
+            start = time.perf_counter()
+            tokens = call(i)
+            seconds = time.perf_counter() - start
+            totals[name] = (totals[name][0] + tokens, totals[name][1] + seconds)
+    return totals
 
 
 def hf_engine_call(policy, tokenizer, prompts, params):
@@ -191,20 +201,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(p.numel() for p in policy.parameters()):,} parameters, HF on {device}, "
                   f"{args.threads} threads")
 
-    rows: list[tuple[str, int, float, int]] = []
-
-    def run(name: str, call) -> None:
-        tokens, seconds, calls = timed_calls(call, args.repeats)
-        rows.append((name, tokens, seconds, calls))
-        console.print(f"{name}: {tokens / seconds:,.0f} tokens/s ({tokens} tokens in "
-                      f"{seconds:.2f} s, {seconds / calls:.3f} s per call)")
-
+    calls = {}
     if "hf" in engines:
-        run("primekit HF engine", hf_engine_call(policy, tokenizer, prompts, params))
+        calls["primekit HF engine"] = hf_engine_call(policy, tokenizer, prompts, params)
     if "generate" in engines:
-        run("transformers generate", transformers_generate_call(policy, tokenizer, prompts, params))
-
+        calls["transformers generate"] = transformers_generate_call(policy, tokenizer, prompts,
+                                                                    params)
     sync_ms: list[float] = []
+    engine = None
     if "vllm" in engines:
         from primekit.rollout.vllm import VLLMRolloutEngine
 
@@ -213,25 +217,26 @@ def main(argv: list[str] | None = None) -> int:
                                    max_model_len=max(map(len, prompts)) + args.max_new_tokens)
         console.print(f"vLLM engine start: {time.perf_counter() - start:.1f} s "
                       f"(VLLM_ENABLE_V1_MULTIPROCESSING="
-                      f"{os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')})")
+                      f"{os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')}), torch threads here "
+                      f"now {torch.get_num_threads()}")
         start = time.perf_counter()
         engine.generate(prompts, params, torch.Generator().manual_seed(0))
         console.print(f"vLLM first generate: {time.perf_counter() - start:.1f} s")
-        run("vllm (primekit engine)", vllm_engine_call(engine, prompts, params))
+        calls["vllm (primekit engine)"] = vllm_engine_call(engine, prompts, params)
         if args.diagnose:
-            run("vllm raw: seed per request, logprobs",
-                vllm_raw_call(engine, prompts, params, seeds=True, logprobs=True))
-            run("vllm raw: no seeds, logprobs",
-                vllm_raw_call(engine, prompts, params, seeds=False, logprobs=True))
-            run("vllm raw: seed per request, no logprobs",
-                vllm_raw_call(engine, prompts, params, seeds=True, logprobs=False))
-            run("vllm raw: no seeds, no logprobs",
-                vllm_raw_call(engine, prompts, params, seeds=False, logprobs=False))
+            for seeds, logprobs in ((True, True), (False, True), (True, False), (False, False)):
+                name = (f"vllm raw: {'seed per request' if seeds else 'no seeds'}, "
+                        f"{'logprobs' if logprobs else 'no logprobs'}")
+                calls[name] = vllm_raw_call(engine, prompts, params, seeds=seeds,
+                                            logprobs=logprobs)
             if args.k > 1:
-                run(f"vllm raw: n={args.k}, seeds, logprobs",
-                    vllm_raw_call(engine, distinct, params, seeds=True, logprobs=True, n=args.k))
-            run("vllm raw: 1 new token (fixed cost per call)",
-                vllm_raw_call(engine, prompts, params, seeds=True, logprobs=True, max_tokens=1))
+                calls[f"vllm raw: n={args.k}, seeds, logprobs"] = vllm_raw_call(
+                    engine, distinct, params, seeds=True, logprobs=True, n=args.k)
+            calls["vllm raw: 1 new token (fixed cost per call)"] = vllm_raw_call(
+                engine, prompts, params, seeds=True, logprobs=True, max_tokens=1)
+    totals = interleaved(calls, args.repeats)
+    rows = [(name, tokens, seconds, args.repeats) for name, (tokens, seconds) in totals.items()]
+    if engine is not None:
         for _ in range(args.syncs):
             start = time.perf_counter()
             engine.sync_weights(policy)

@@ -10,7 +10,8 @@ process), not in the trainer's: measured on the tiny model (benchmarks/rollout.p
 sync therefore hands the worker a file, not tensors: the policy's parameters are written as one
 safetensors file into a private directory (in /dev/shm, RAM, where it exists) and the worker
 re-loads it with vLLM's `reload_weights(weights_path=...)` (vllm_worker.py).
-`VLLM_ENABLE_V1_MULTIPROCESSING=0` in the environment keeps the engine in the trainer's process instead (the same sync works).
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` in the environment keeps the engine in the trainer's process
+instead (the same sync then runs in-process).
 """
 
 from __future__ import annotations
