@@ -208,8 +208,10 @@ class PolicyConfig:
     grad_clip: PositiveFloat = 1.0
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     # "recompute": one no-grad forward of the policy before the update (exact, any backend);
-    # "rollout": reuse the sampling log-probs of the HF engine (same model, temperature 1, top-p 1).
-    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    # "rollout": reuse the sampling log-probs of the HF engine (same model, temperature 1, top-p 1,
+    # float32), saving that forward; "auto": `rollout` where it is exact, else `recompute`,
+    # decided by `load_config`/`validate` (the run's recorded config holds the decision).
+    old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
     # "tis": truncated importance sampling (docs/rollout.md): each token's policy loss is weighted
     # by min(pi_old / pi_rollout, tis_cap), correcting for a rollout engine (vLLM) whose sampling
     # log-probs differ from the trainer's recomputed ones. Needs old_logprobs=recompute.
@@ -565,6 +567,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{parts[0]}: must be a mapping of fields, got {section!r}")
         section[parts[1]] = value
     cfg = _validate_fields(data)
+    _resolve_auto(cfg)
     _check_combinations(cfg)
     return cfg
 
@@ -573,7 +576,25 @@ def validate(cfg: Config) -> None:
     """Reject field values (types, ranges, choices) and combinations that cannot work, naming
     the field; for a Config built or changed in code rather than by `load_config`."""
     _validate_fields(dataclasses.asdict(cfg))
+    _resolve_auto(cfg)
     _check_combinations(cfg)
+
+
+def reused_logprobs_are_exact(cfg: Config) -> bool:
+    """Whether the sampler's log-probs ARE the trainer's old log-probs: the HF engine samples
+    with the live policy, so at temperature 1, top-p 1 and float32 they are the same numbers up
+    to batching round-off; vLLM's come from other kernels, and bfloat16/float16 or another
+    temperature or top-p change them. TIS compares the two, so it needs them recomputed."""
+    return (cfg.rollout.backend == "hf" and cfg.rollout.temperature == 1.0
+            and cfg.rollout.top_p == 1.0 and cfg.model.dtype == "float32"
+            and cfg.policy.rollout_correction == "none")
+
+
+def _resolve_auto(cfg: Config) -> None:
+    """policy.old_logprobs=auto becomes `rollout` where that is exact, else `recompute`, in
+    place, so that everything downstream (and the config a run records) sees the decision."""
+    if cfg.policy.old_logprobs == "auto":
+        cfg.policy.old_logprobs = "rollout" if reused_logprobs_are_exact(cfg) else "recompute"
 
 
 def _check_combinations(cfg: Config) -> None:

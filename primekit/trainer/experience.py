@@ -138,7 +138,7 @@ def correct_for_sampler(exp: Experience, policy: PolicyConfig) -> dict[str, torc
     with policy.rollout_correction=tis the truncated importance weights applied to the
     advantages in place. Weighting each token's clipped loss by w >= 0 is weighting its
     advantage, since max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)); critic returns stay."""
-    if policy.old_logprobs != "recompute":
+    if policy.old_logprobs == "rollout":  # the same tensor: nothing to compare or correct
         return {}
     cpu = exp.old_logprobs.device
     sampled, mask = exp.batch.sampling_logprobs.to(cpu), exp.response_mask.to(cpu)  # [N, T]

@@ -124,6 +124,10 @@ class RLTrainer:
                               resume_step=self.step if self.resumed_from else None,
                               run_config=self.cfg.to_dict())
         step = controlled(self)  # train_step, under live control with live.enabled (live.py)
+        if dist.is_main():  # what policy.old_logprobs (auto by default) was resolved to
+            how = {"rollout": "reused from the sampler"}.get(self.cfg.policy.old_logprobs,
+                                                             "recomputed by the trainer")
+            console.print(f"policy.old_logprobs={self.cfg.policy.old_logprobs}: old log-probs {how}")
         try:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from primekit.cli import main
-from primekit.config import Config, ConfigError, load_config, validate
+from primekit.config import CONFIG_DIR, Config, ConfigError, load_config, validate
 from primekit.data.splits import load_splits
 
 
@@ -106,6 +106,39 @@ def test_validate_rechecks_a_config_changed_in_code():
     cfg.explicit.transform = "clip"
     with pytest.raises(ConfigError, match="explicit.transform: Clip/Delta"):
         validate(cfg)
+
+
+@pytest.mark.parametrize("overrides, resolved", [
+    ([], "rollout"),  # the demo: HF engine, temperature 1, top-p 1, float32
+    (["rollout.backend=vllm"], "recompute"),
+    (["rollout.temperature=0.7"], "recompute"),
+    (["rollout.top_p=0.9"], "recompute"),
+    (["model.dtype=bfloat16"], "recompute"),  # the HF engine samples from its own bf16 copy
+    (["policy.rollout_correction=tis"], "recompute"),  # TIS compares the two log-probs
+    (["policy.old_logprobs=recompute"], "recompute"),  # an explicit choice is kept
+    (["policy.old_logprobs=rollout"], "rollout"),
+])
+def test_old_logprobs_auto_resolves_at_load_and_the_run_records_the_decision(overrides, resolved):
+    assert Config().policy.old_logprobs == "auto"
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", overrides)
+    assert cfg.policy.old_logprobs == resolved
+    assert cfg.to_dict()["policy"]["old_logprobs"] == resolved  # what checkpoints store
+
+
+def test_old_logprobs_explicit_rollout_stays_refused_where_it_is_not_exact():
+    for override in ("rollout.backend=vllm", "rollout.temperature=0.7", "rollout.top_p=0.9"):
+        with pytest.raises(ConfigError, match="policy.old_logprobs: 'rollout' is exact only"):
+            load_config(CONFIG_DIR / "tiny.yaml", ["policy.old_logprobs=rollout", override])
+
+
+def test_validate_resolves_auto_in_a_config_built_in_code():
+    cfg = Config()
+    validate(cfg)
+    assert cfg.policy.old_logprobs == "rollout"  # Config's defaults: hf, T=1, top-p 1, float32
+    cfg = Config()
+    cfg.rollout.backend = "vllm"
+    validate(cfg)
+    assert cfg.policy.old_logprobs == "recompute"
 
 
 def test_impossible_combination_double_forward_on_frozen_prm():

@@ -71,7 +71,7 @@ FAULT_ARGS = ("train.steps=3", "train.save_every=1", "eval.k=1", "eval.num_probl
 
 @pytest.mark.parametrize("phase,extra", [
     ("weights", ()), ("prm", ()), ("state", ()), ("renamed", ()), ("latest", ()),
-    # The Config default recomputes old log-probs (tiny.yaml reuses the sampler's): exact too.
+    # Old log-probs recomputed (what auto picks with vLLM; tiny.yaml reuses the sampler's): exact too.
     ("state", ("policy.old_logprobs=recompute",)),
 ], ids=["weights", "prm", "state", "renamed", "latest", "state-recompute"])
 def test_kill_9_at_each_save_phase_then_resume_reaches_identical_weights(

