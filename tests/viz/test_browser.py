@@ -70,8 +70,9 @@ def test_sim_page_shows_the_three_scenes(browser, tmp_path):
     page = browser.new_page(viewport={"width": 1200, "height": 1000})
     try:
         page.goto(url)
-        page.click("#preset-frozen")
-        assert not page.is_checked("#prm-online")
+        page.click("#preset-frozen")  # the page shows the server's answer when it arrives
+        page.wait_for_function("!document.getElementById('prm-online').checked",
+                               timeout=SCENE_TIMEOUT_MS)
         page.click("#play")
         page.wait_for_function("parseInt(document.getElementById('step-count').textContent"
                                ".split(' ')[1]) >= 20", timeout=SCENE_TIMEOUT_MS)
@@ -153,7 +154,7 @@ def live_run(browser, tiny_model_dir, tmp_path_factory):
         "train.threads=1", "rollout.max_new_tokens=12", "filter.enabled=false",
         "prm.mini_batch_size=16", "prm.micro_batch_size=16", "policy.mini_batch_size=16",
         "policy.micro_batch_size=16", "policy.ppo_epochs=1", "data.num_train=200",
-        "data.num_eval=8", "viz.samples_per_step=2", "live.enabled=true",
+        "data.num_eval=8", "eval.num_problems=8", "viz.samples_per_step=2", "live.enabled=true",
         "live.poison_problems=8", "live.poison_steps=3", "live.discover_steps=1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -162,6 +163,12 @@ def live_run(browser, tiny_model_dir, tmp_path_factory):
                                  "main; sys.exit(main())", "train", "--config", "tiny",
                                  *overrides], stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=REPO)
+        deadline = time.monotonic() + RUN_TIMEOUT_MS / 1000
+        while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            if proc.poll() is not None:  # it died before its first step: say why
+                pytest.fail(f"the live run exited with {proc.returncode}:\n"
+                            f"{(run.parent / 'train.log').read_text()[-2000:]}")
+            time.sleep(0.5)
         yield run
         proc.terminate()  # SIGTERM: the trainer stops after its step
         try:
@@ -190,7 +197,8 @@ def test_live_page_controls_a_real_run(browser, live_run, tmp_path):
         assert page.is_checked("#prm-online")  # the run starts online
         page.uncheck("#prm-online")  # freeze the real PRM mid-run
         page.click("#inject")
-        assert "not yet applied" in page.inner_text("#pending")
+        page.wait_for_function("document.getElementById('pending').textContent"
+                               ".includes('not yet applied')", timeout=RUN_TIMEOUT_MS)
         asked = _step(page)
         page.wait_for_function("document.getElementById('events').textContent"
                                ".includes('shortcut injected')", timeout=RUN_TIMEOUT_MS)
