@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
+from primekit.config import load_config, resolve_config
+from primekit.trainer import checkpoint as ckpt
 from primekit.trainer.guards import NonFiniteError
 from primekit.trainer.rundir import RunDirError
 from primekit.trainer.signals import Abandoned, Interrupted, Stopped
@@ -33,6 +36,16 @@ def restart_command(args) -> str:
     return resume_command(args).removesuffix(" --resume") + " --overwrite"
 
 
+def _has_checkpoint(args) -> bool:
+    """Whether the run directory of these `primekit train` arguments holds a complete checkpoint
+    (True where that cannot be told: the resume line is then the likelier one)."""
+    try:
+        cfg = load_config(resolve_config(args.config), list(args.overrides or []))
+    except Exception:  # noqa: BLE001 (only choosing which line to print)
+        return True
+    return ckpt.latest_checkpoint(Path(cfg.train.run_dir)) is not None
+
+
 def one_line_failure(error: BaseException, args) -> int:
     if isinstance(error, Stopped):
         if error.checkpoint is not None:
@@ -44,9 +57,12 @@ def one_line_failure(error: BaseException, args) -> int:
         print(f"primekit: {error}; {where}{command}", file=sys.stderr)
         return 128 + error.signum
     if isinstance(error, Abandoned):
+        if error.command:
+            command = error.command
+        else:  # a second signal before the first checkpoint leaves nothing to resume
+            command = resume_command(args) if _has_checkpoint(args) else restart_command(args)
         print(f"primekit: {error}: the current step was abandoned and not saved; the latest "
-              f"checkpoint is unchanged; continue with: {error.command or resume_command(args)}",
-              file=sys.stderr)
+              f"checkpoint is unchanged; continue with: {command}", file=sys.stderr)
         return 128 + error.signum
     if isinstance(error, Interrupted):
         print(f"primekit: {args.command} {error}" + (f"; {error.note}" if error.note else ""),

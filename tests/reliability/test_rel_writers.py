@@ -229,6 +229,19 @@ def test_stopped_before_a_checkpoint_says_how_to_start_again(capsys):
         "--resume")
 
 
+def test_a_second_signal_before_any_checkpoint_says_how_to_start_again(tmp_path, capsys):
+    args = Namespace(command="train", config="tiny", overrides=[f"train.run_dir={tmp_path}"])
+    again = shlex.join(["primekit", "train", "--config", "tiny", f"train.run_dir={tmp_path}"])
+    assert one_line_failure(signals.Abandoned(signal.SIGINT), args) == 130
+    assert capsys.readouterr().err.strip().endswith(f"continue with: {again} --overwrite")
+    # With a complete checkpoint (a step dir holding trainer_state.json) it can be resumed.
+    step = tmp_path / "checkpoints" / "step_000001"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text("{}")
+    assert one_line_failure(signals.Abandoned(signal.SIGTERM), args) == 143
+    assert capsys.readouterr().err.strip().endswith(f"continue with: {again} --resume")
+
+
 def test_output_lock_is_beside_the_directory_and_released(tmp_path):
     out = tmp_path / "sft"
     with rundir.owned_output(out, "sft.out_dir"):
