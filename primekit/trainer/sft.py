@@ -55,6 +55,16 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     device = resolve_device(cfg.train.device)
     out_dir = Path(s.out_dir)
 
+    # The demonstrations first: a bad data file or batch size fails before a model is loaded.
+    train, _ = load_splits(cfg)
+    train = [p for p in train if p.solution]
+    if not train:
+        raise ConfigError("sft: the training problems carry no demonstrations (field 'solution')")
+    if s.batch_size > len(train):
+        raise ConfigError(f"sft.batch_size: {s.batch_size} demonstrations per batch, but only "
+                          f"{len(train)} training problems carry one; lower sft.batch_size or "
+                          f"add demonstrations")
+
     init = s.init
     if init == "tiny":
         from primekit.models.tiny import build_tiny_model
@@ -64,10 +74,6 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     model = load_model(init, dtype=model_dtype(cfg.model.dtype), device=str(device))
     model.train()
 
-    train, _ = load_splits(cfg)
-    train = [p for p in train if p.solution]
-    if not train:
-        raise ConfigError("sft: the training problems carry no demonstrations (field 'solution')")
     prompt_ids = encode_prompts(tokenizer, train, cfg)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)

@@ -277,3 +277,17 @@ def test_eval_command_refuses_more_problems_than_held_out(tiny_model_dir, capsys
     assert rc == 2, err
     _one_line(err, "eval.num_problems: 9 held-out problems asked for, but data.num_eval=4 "
                    "draws 4; lower eval.num_problems to at most 4")
+
+
+def test_sft_refuses_a_batch_larger_than_its_demonstrations(tiny_model_dir, tmp_path, capsys,
+                                                            monkeypatch):
+    import primekit.trainer.sft as sft
+
+    monkeypatch.setattr(sft, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    rc = cli.main(["sft", "--config", "tiny", f"sft.init={tiny_model_dir}",
+                   f"sft.out_dir={tmp_path / 'sft'}", "data.num_train=3", "sft.batch_size=8",
+                   "sft.threads=1", "train.device=cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    _one_line(err, "sft.batch_size: 8 demonstrations per batch, but only 3 training problems "
+                   "carry one; lower sft.batch_size or add demonstrations")
