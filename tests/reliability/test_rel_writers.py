@@ -27,6 +27,7 @@ import pytest
 from primekit import cli
 from primekit.trainer import rundir, signals
 from primekit.trainer.outcomes import one_line_failure
+from tests.trainer.test_reliability_run import SignalOnFirstBatch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLICIT = ROOT / "primekit" / "configs" / "tiny-explicit.yaml"
@@ -252,21 +253,6 @@ def test_output_lock_is_beside_the_directory_and_released(tmp_path):
             pass
     with rundir.owned_output(out, "sft.out_dir"):  # released
         pass
-
-
-class SignalOnFirstBatch:
-    """Sends this process `signum` while the first batch is verified (a Ctrl-C mid-step)."""
-
-    def __init__(self, signum: int, times: int = 1):
-        self.signum, self.times, self.calls = signum, times, 0
-
-    def verify_batch(self, responses, problems):
-        from primekit.verifiers.base import Verdict
-
-        self.calls += 1
-        for _ in range(self.times if self.calls == 1 else 0):
-            os.kill(os.getpid(), self.signum)
-        return [Verdict.correct() if len(r) % 2 == 0 else Verdict.incorrect() for r in responses]
 
 
 def test_the_demo_stops_gracefully_in_its_rl_phase_and_the_printed_command_resumes(
