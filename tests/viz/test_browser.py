@@ -206,9 +206,12 @@ def test_live_page_controls_a_real_run(browser, live_run, tmp_path):
         frozen = [r["step"] for r in rows if r["live/prm_frozen"] == 1.0]
         injected = [r["step"] for r in rows if r["live/shortcut_injected"] == 1.0]
         # The trainer applied both before the step after the click (or the one after it, when
-        # the click came while a step was running), and logged it.
+        # the click came while a step was running), and logged it. The toggle and the button are
+        # two requests, read at step boundaries: a boundary can fall between them, so the freeze
+        # may come one step before the injection, never after it.
         assert len(injected) == 1 and asked < injected[0] <= asked + 2, (asked, injected)
-        assert frozen and frozen[0] == injected[0], (frozen, injected)
+        assert frozen and injected[0] - 1 <= frozen[0] <= injected[0], (frozen, injected)
+        assert frozen == list(range(frozen[0], frozen[-1] + 1)), frozen  # frozen from then on
         assert "timing/prm_forward" in rows[-1]  # a frozen PRM only scores
         assert rows[-1]["live/pattern_reward"] > rows[0]["live/pattern_reward"]  # head start
         assert "PRM frozen" in page.inner_text("#events")
