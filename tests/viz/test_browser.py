@@ -197,9 +197,12 @@ def test_live_page_controls_a_real_run(browser, live_run, tmp_path):
         assert page.is_checked("#prm-online")  # the run starts online
         page.uncheck("#prm-online")  # freeze the real PRM mid-run
         page.click("#inject")
-        page.wait_for_function("document.getElementById('pending').textContent"
-                               ".includes('not yet applied')", timeout=RUN_TIMEOUT_MS)
-        asked = _step(page)
+        # The step shown when the page says the injection is pending, read in the same render
+        # (a second read could already see the step that applied it).
+        asked = int(page.wait_for_function(
+            "document.getElementById('pending').textContent.includes('not yet applied') && "
+            "document.getElementById('step-count').textContent.split(' ')[1]",
+            timeout=RUN_TIMEOUT_MS).json_value())
         page.wait_for_function("document.getElementById('events').textContent"
                                ".includes('shortcut injected')", timeout=RUN_TIMEOUT_MS)
         rows = _live_rows(live_run)
