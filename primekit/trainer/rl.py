@@ -38,24 +38,19 @@ from primekit.algorithms import (
     loss_agg_count,
     normalize_by_max_abs_return,
     ppo_clip_loss,
-    value_loss,
 )
 from primekit.config import Config
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
 from primekit.logging import MetricLogger, MetricSums, Progress, append_samples, console, timed
-from primekit.models.logprobs import (
-    batch_logprobs,
-    batch_values,
-    sequence_logprobs,
-    sequence_values,
-)
+from primekit.models.logprobs import batch_logprobs, batch_values, sequence_logprobs
 from primekit.models.parallel import grad_norm_value
 from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from primekit.rollout.batching import iter_micro_batches, row_chunks
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer import guards, signals
 from primekit.trainer.collect import collect_groups, warn_unfilled
+from primekit.trainer.critic import update_critic
 from primekit.trainer.eval import evaluate_heldout
 from primekit.trainer.experience import (
     Experience,
@@ -193,7 +188,8 @@ class RLTrainer:
             return self._skipped(metrics, t_step)
         if self.critic is not None:
             with timed(timing, "critic_update"):
-                metrics.update(self.update_critic(exp))
+                metrics.update(update_critic(self.critic, self.critic_opt, exp, self.cfg,
+                                             self.mini_batch_rows, self.device))
         with timed(timing, "policy_update"):
             metrics.update(self.update_policy(exp))
         metrics["train/nonfinite_skipped"] = metrics.pop("policy/nonfinite_skipped")
@@ -345,29 +341,6 @@ class RLTrainer:
                 self.policy_opt.step()
         self.policy.eval()
         return {**sums.means(count), "policy/lr": lr, "policy/nonfinite_skipped": skipped}
-
-    def update_critic(self, exp: Experience) -> dict[str, torch.Tensor]:
-        """Clipped value loss towards the estimator's returns, one pass over mini-batches."""
-        c, p = self.cfg.critic, self.cfg.policy
-        self.critic.train()
-        sums = MetricSums()
-        for mini in row_chunks(len(exp), self.mini_batch_rows):
-            self.critic_opt.zero_grad(set_to_none=True)
-            total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], "token-mean"))
-            for mb in iter_micro_batches(exp.batch, p.micro_batch_size, rows=mini):
-                rows, t = mb.rows, mb.response_len
-                values = sequence_values(self.critic, mb.input_ids.to(self.device),
-                                         mb.attention_mask.to(self.device), t)  # [n, t]
-                m = exp.response_mask[rows, :t].to(values.device)
-                loss, lm = value_loss(values, exp.values[rows, :t].to(values.device),
-                                      exp.returns[rows, :t].to(values.device), m,
-                                      clip=c.value_clip)
-                (loss * loss_agg_count(m, "token-mean") * dist.world_size() / total).backward()
-                sums.add(lm, weight=len(rows))
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), c.grad_clip)
-            self.critic_opt.step()
-        self.critic.eval()
-        return sums.means(len(exp))
 
     def _sample_rows(self) -> list[dict]:
         """samples.jsonl rows of the last update's batch ([] after a skipped step)."""
