@@ -36,6 +36,7 @@ from primekit.algorithms import (
     kl_loss,
     kl_penalty,
     loss_agg_count,
+    masked_mean,
     normalize_by_max_abs_return,
     ppo_clip_loss,
 )
@@ -281,15 +282,18 @@ class RLTrainer:
         parts = ESTIMATORS[a.estimator](outcome_rewards=exp.outcome_rewards,
                                         response_mask=exp.response_mask,
                                         token_rewards=token_rewards, gamma=a.gamma, **options)
-        kl = None
+        kl, kl_metrics = None, {}
         if a.estimator == "ppo" and a.kl_coef > 0:
             # PPO with a critic puts the KL penalty into the token rewards (Gao et al.'s setup);
             # the other estimators add it to the loss (update_policy).
-            kl = kl_penalty(exp.old_logprobs, exp.ref_logprobs, kind="k1")
-        return compute_advantages(parts, response_mask=exp.response_mask,
-                                  process_coef=a.process_coef, outcome_coef=a.outcome_coef,
-                                  kl=kl, kl_coef=a.kl_coef if kl is not None else 0.0,
-                                  whiten=a.whiten, all_reduce=dist.all_reduce_sum)
+            kl = kl_penalty(exp.old_logprobs, exp.ref_logprobs, kind="k1")  # [N, T]
+            kl_metrics["policy/kl"] = masked_mean(kl, exp.response_mask,
+                                                  all_reduce=dist.all_reduce_sum)
+        adv, returns, metrics = compute_advantages(
+            parts, response_mask=exp.response_mask, process_coef=a.process_coef,
+            outcome_coef=a.outcome_coef, kl=kl, kl_coef=a.kl_coef if kl is not None else 0.0,
+            whiten=a.whiten, all_reduce=dist.all_reduce_sum)
+        return adv, returns, {**metrics, **kl_metrics}
 
     # ------------------------------------------------------------------ updates
     def update_policy(self, exp: Experience) -> dict[str, torch.Tensor]:

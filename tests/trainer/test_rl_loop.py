@@ -159,6 +159,8 @@ def test_variants_run_one_step(rl_config, extra):
         assert trainer.ref is None
     if "algorithm.estimator=ppo" in extra:
         assert "critic/loss" in metrics
+        # The KL penalty in the token rewards is reported; at step 1 the policy is the reference.
+        assert abs(metrics["policy/kl"]) < 1e-3
 
 
 def test_resume_matches_uninterrupted_run(rl_config, tmp_path):

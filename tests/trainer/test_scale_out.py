@@ -255,3 +255,45 @@ def test_paper_7b_config_runs_on_two_ranks_with_the_gpu_code_path(sft_model_dir,
 
     policy = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "policy")
     assert next(policy.parameters()).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- explicit reward model, torchrun
+@pytest.mark.slow
+def test_tiny_explicit_config_trains_on_two_ranks_through_torchrun(sft_model_dir, tmp_path):
+    # configs/tiny-explicit.yaml as a user runs it, under torchrun on 2 gloo ranks: the policy,
+    # the critic (estimator ppo) and the explicit step-level PRM (a saved random-head reward
+    # model) all FSDP2-sharded, with a KL term against the reference. Sizes cut for a CPU.
+    from primekit.models.hf import load_tokenizer, save_model
+    from primekit.reward_models.heads import init_reward_model
+
+    rm_dir = tmp_path / "prm"
+    save_model(init_reward_model(sft_model_dir, seed=1), load_tokenizer(sft_model_dir), rm_dir)
+    run_dir = tmp_path / "run"
+    config = CONFIG.parent / "tiny-explicit.yaml"
+    overrides = [
+        f"model.policy={sft_model_dir}", f"explicit.model_path={rm_dir}", f"train.run_dir={run_dir}",
+        "data.num_train=200", "data.num_eval=8", "rollout.max_new_tokens=16",
+        "policy.mini_batch_size=16", "policy.micro_batch_size=8", "train.steps=2",
+        "train.prompts_per_step=4", "train.save_every=1", "train.eval_every=0",
+        "train.report_to=[]", "eval.num_problems=8", "eval.k=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "primekit.cli", "train", "--config", str(config), *overrides]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    shards = sorted(p.name for p in (run_dir / "checkpoints" / "step_000002" / "weights").glob("*"))
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 2]
+    for m in lines[:2]:  # the two training steps: explicit rewards, a critic, a KL term
+        assert m["explicit/steps_mean"] > 0 and math.isfinite(m["explicit/step_reward_mean"])
+        assert math.isfinite(m["critic/loss"]) and math.isfinite(m["policy/kl"])
+    assert all(math.isfinite(v) for m in lines for v in m.values() if isinstance(v, float))
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["config"]["algorithm"]["reward_mode"] == "explicit-prm"
+    # The final export holds the trained models, whole, in float32.
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "policy")
+    assert next(policy.parameters()).dtype == torch.float32
+    assert (run_dir / "final" / "critic").is_dir()
