@@ -154,3 +154,30 @@ def test_live_needs_an_online_implicit_prm(rl_config):
     trainer = build_rl_trainer(rl_config(*LIVE, "algorithm.reward_mode=outcome"))
     with pytest.raises(ConfigError, match="reward_mode=prime and prm.update=online"):
         LiveControl(trainer)
+
+
+def test_the_packaged_live_config_is_the_documented_one(tiny_model_dir, tmp_path):
+    # configs/tiny-live.yaml: the settings docs/viz.md measured the split under, and a live run.
+    from primekit.config import resolve_config
+
+    path = resolve_config("tiny-live")
+    cfg = load_config(path)
+    assert cfg.live.enabled and cfg.algorithm.reward_mode == "prime" and cfg.prm.update == "online"
+    assert (cfg.prm.beta, cfg.prm.lr, cfg.filter.enabled) == (0.2, 1e-3, False)
+    assert cfg.train.run_dir == "runs/live"
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "viz.md").read_text()
+    assert "primekit train --config tiny-live" in doc
+    # Everything else is the demo's RL config (live runs no SFT: its sft section is not set).
+    demo = load_config(resolve_config("tiny")).to_dict()
+    changed = {f"{section}.{k}" for section, fields in cfg.to_dict().items() if section != "sft"
+               for k, v in fields.items() if demo[section][k] != v}
+    assert changed == {"prm.beta", "prm.lr", "filter.enabled", "train.run_dir", "train.steps",
+                       "eval.num_problems", "eval.k", "live.enabled"}
+    # It runs: two live steps on the small test sizes.
+    run = tmp_path / "run"
+    trained = build_rl_trainer(load_config(path, [*small_overrides(tiny_model_dir, run),
+                                                  "train.threads=1", "live.poison_problems=8",
+                                                  "viz.samples_per_step=0"]))
+    trained.train()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "live/prm_frozen" in r] == [1, 2]
