@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -88,8 +89,12 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     gen = torch.Generator().manual_seed(s.seed)
     order = torch.randperm(len(train), generator=gen).tolist()
     cursor = 0
-    logger = MetricLogger(out_dir.parent / (out_dir.name + "-logs"),
-                          report_to=cfg.train.report_to, run_config=cfg.to_dict())
+    logs = out_dir.parent / (out_dir.name + "-logs")
+    if (logs / "metrics.jsonl").is_file():
+        # SFT has no resume: this run's log starts empty; the earlier run's (whose model stays in
+        # out_dir until this run saves) is kept beside it, one run back.
+        os.replace(logs / "metrics.jsonl", logs / "metrics.previous.jsonl")
+    logger = MetricLogger(logs, report_to=cfg.train.report_to, run_config=cfg.to_dict())
     start = time.perf_counter()
     last: dict = {}
     with Progress(total=s.steps, description="SFT") as progress:

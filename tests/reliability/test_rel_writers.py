@@ -344,3 +344,22 @@ def test_a_demo_runs_to_its_summary_and_a_second_demo_replaces_it(tmp_path, caps
     # One run's lines: step 1, then its final evaluation at step 1 (two runs would give four).
     assert [json.loads(line)["step"] for line in metrics] == [1, 1]
     assert json.loads((run / "summary.json").read_text()).keys() == json.loads(first).keys()
+
+
+def test_a_second_sft_starts_its_own_log_and_keeps_the_earlier_one_beside_it(tmp_path):
+    # SFT has no resume: each run's metrics.jsonl holds that run only (2 steps, then 3); the
+    # earlier run's log moves to metrics.previous.jsonl instead of being appended to.
+    from primekit.config import load_config, resolve_config
+    from primekit.trainer.sft import run_sft
+
+    out = tmp_path / "sft"
+    logs = tmp_path / "sft-logs"
+
+    def sft(steps: int) -> list[int]:
+        run_sft(load_config(resolve_config("tiny"), _small_sft(out, f"sft.steps={steps}")[3:]))
+        return [json.loads(line)["step"] for line in (logs / "metrics.jsonl").read_text().splitlines()]
+
+    assert sft(2) == [0, 1]
+    assert sft(3) == [0, 2]  # logged every 25 steps and at the last
+    previous = (logs / "metrics.previous.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in previous] == [0, 1]
