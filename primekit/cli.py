@@ -13,17 +13,22 @@ import os
 import sys
 from pathlib import Path
 
-from primekit.config import ConfigError, load_config, resolve_config
+from primekit.config import ConfigError, load_config, packaged_configs, resolve_config
 from primekit.trainer.signals import Interrupted
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML file or packaged name (tiny, paper-7b)")
+    p.add_argument("--config", default=None,
+                   help=f"YAML file or packaged name ({', '.join(packaged_configs())})")
     p.add_argument("overrides", nargs="*", help="dotted overrides: section.field=value")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="primekit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="primekit", description="Online RL with process rewards (PRIME) for language models "
+        f"on verifiable tasks. Every command takes --config FILE_OR_NAME (a YAML file, or a "
+        f"packaged config: {', '.join(packaged_configs())}) and dotted overrides "
+        "(prm.beta=0.1 train.steps=20) after its flags. Start with: primekit demo")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sft", help="supervised warm-up; writes an HF checkpoint to sft.out_dir")
     _add_common(p)

@@ -550,8 +550,13 @@ def resolve_config(name: str | None) -> Path | None:
     packaged = CONFIG_DIR / f"{name}.yaml"
     if packaged.is_file():
         return packaged
-    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise ConfigError(f"--config: {name!r} is neither a file nor a packaged config {known}")
+    raise ConfigError(f"--config: {name!r} is neither a file nor a packaged config "
+                      f"{packaged_configs()}")
+
+
+def packaged_configs() -> list[str]:
+    """The names `--config` accepts besides a file: the YAML files shipped in primekit/configs."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

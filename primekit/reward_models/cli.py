@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import argparse
 
+from primekit.config import packaged_configs
+
 __all__ = ["COMMANDS", "add_subcommands", "dispatch"]
 
 COMMANDS = ("train-orm", "train-prm", "hack-check")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config", default=None, help="YAML file or packaged name (tiny-explicit, tiny)"
-    )
+    p.add_argument("--config", default=None,
+                   help=f"YAML file or packaged name ({', '.join(packaged_configs())})")
     p.add_argument("overrides", nargs="*", help="dotted overrides: section.field=value")
 
 

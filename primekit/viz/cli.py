@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from primekit.config import packaged_configs
+
 __all__ = ["COMMANDS", "add_subcommands", "dispatch"]
 
 COMMANDS = ("sim", "dashboard", "heatmap", "rerank")
 
 
 def _common(p: argparse.ArgumentParser, serve: bool) -> None:
-    p.add_argument("--config", default=None, help="YAML file or packaged name (tiny, ...)")
+    p.add_argument("--config", default=None,
+                   help=f"YAML file or packaged name ({', '.join(packaged_configs())})")
     if serve:
         p.add_argument("--port", type=int, default=None, help="port (default viz.port; 0 = any)")
         p.add_argument("--no-browser", action="store_true", help="only print the URL")
