@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 
 EXTENSION = "primekit.rollout.vllm_worker.WeightReload"
+# The vLLM module that logs a layer reloaded without a tensor of its own.
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
 class WeightReload:
@@ -50,10 +52,6 @@ class WeightReload:
         for module in tied:
             module.quant_method.process_weights_after_loading(module)
         return len(tied)
-
-
-# The vLLM module that logs a layer reloaded without a tensor of its own.
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
 class _DropReloadWarning(logging.Filter):
