@@ -70,6 +70,23 @@ def _steps(trainer, n: int) -> list[dict]:
     return out
 
 
+def _train_two_steps_on_two_ranks(config: Path, overrides: list[str], run_dir: Path) -> list[dict]:
+    """`primekit train --config config` under torchrun on 2 gloo ranks, 2 steps saved at each:
+    checks the exit status, the step-2 checkpoint's two shards and the metric lines (2 steps and
+    the final evaluation, all finite); returns the lines."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "primekit.cli", "train", "--config", str(config), *overrides]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    shards = sorted(p.name for p in (run_dir / "checkpoints" / "step_000002" / "weights").glob("*"))
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 2]
+    assert all(math.isfinite(v) for m in lines for v in m.values() if isinstance(v, float))
+    return lines
+
+
 # ---------------------------------------------------------------- bf16 with fp32 master weights
 def test_bf16_compute_moves_fp32_master_weights_like_fp32(sft_model_dir, tmp_path):
     # The bug this guards against: bf16 weights stepped by AdamW at lr 1e-6 do not move at all
@@ -234,16 +251,8 @@ def test_paper_7b_config_runs_on_two_ranks_with_the_gpu_code_path(sft_model_dir,
     ]
     cfg = load_config(PAPER, overrides)
     assert (cfg.model.dtype, cfg.parallel.activation_checkpointing) == ("bfloat16", True)
+    _train_two_steps_on_two_ranks(PAPER, overrides, run_dir)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "primekit.cli", "train", "--config", str(PAPER), *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
-    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    shards = sorted(p.name for p in (run_dir / "checkpoints" / "step_000002" / "weights").glob("*"))
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [1, 2, 2]
-    assert all(math.isfinite(v) for m in lines for v in m.values() if isinstance(v, float))
 
     # 2 -> 1 through the CLI: one more step in a single process from the 2-rank checkpoint.
     resume = [sys.executable, "-m", "primekit.cli", "train", "--config", str(PAPER), "--resume",
@@ -276,19 +285,10 @@ def test_tiny_explicit_config_trains_on_two_ranks_through_torchrun(sft_model_dir
         "policy.mini_batch_size=16", "policy.micro_batch_size=8", "train.steps=2",
         "train.prompts_per_step=4", "train.save_every=1", "train.eval_every=0",
         "train.report_to=[]", "eval.num_problems=8", "eval.k=1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "primekit.cli", "train", "--config", str(config), *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
-    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    shards = sorted(p.name for p in (run_dir / "checkpoints" / "step_000002" / "weights").glob("*"))
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [1, 2, 2]
+    lines = _train_two_steps_on_two_ranks(config, overrides, run_dir)
     for m in lines[:2]:  # the two training steps: explicit rewards, a critic, a KL term
         assert m["explicit/steps_mean"] > 0 and math.isfinite(m["explicit/step_reward_mean"])
         assert math.isfinite(m["critic/loss"]) and math.isfinite(m["policy/kl"])
-    assert all(math.isfinite(v) for m in lines for v in m.values() if isinstance(v, float))
     state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
     assert state["config"]["algorithm"]["reward_mode"] == "explicit-prm"
     # The final export holds the trained models, whole, in float32.
