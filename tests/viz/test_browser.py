@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from primekit.config import SimConfig, VizConfig
+from primekit.trainer.live import read_control
 from primekit.viz.dashboard import DashboardApp
 from primekit.viz.live import LiveApp
 from primekit.viz.server import start_in_thread
@@ -178,8 +179,16 @@ def live_run(browser, tiny_model_dir, tmp_path_factory):
 
 
 def _live_rows(run: Path) -> list[dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
+    """The run's per-step rows so far (the file grows while we read: only whole lines count)."""
+    text = (run / "metrics.jsonl").read_text()
+    lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
     return [r for r in map(json.loads, lines) if "live/prm_frozen" in r]
+
+
+def _last_step(run: Path) -> int:
+    """The last step the run has logged (0 before its first)."""
+    rows = _live_rows(run)
+    return rows[-1]["step"] if rows else 0
 
 
 def _step(page) -> int:
@@ -195,25 +204,26 @@ def test_live_page_controls_a_real_run(browser, live_run, tmp_path):
         page.wait_for_function("parseInt(document.getElementById('step-count').textContent"
                                ".split(' ')[1]) >= 2", timeout=RUN_TIMEOUT_MS)
         assert page.is_checked("#prm-online")  # the run starts online
+        before = _last_step(live_run)  # the trainer's logged steps bound where requests land
         page.uncheck("#prm-online")  # freeze the real PRM mid-run
         page.click("#inject")
-        # The step shown when the page says the injection is pending, read in the same render
-        # (a second read could already see the step that applied it).
-        asked = int(page.wait_for_function(
-            "document.getElementById('pending').textContent.includes('not yet applied') && "
-            "document.getElementById('step-count').textContent.split(' ')[1]",
-            timeout=RUN_TIMEOUT_MS).json_value())
+        # The page shows the injection pending once its request returned: control.json asks for
+        # it from then on.
+        page.wait_for_function("document.getElementById('pending').textContent"
+                               ".includes('shortcut injection')", timeout=RUN_TIMEOUT_MS)
+        assert read_control(live_run) == {"prm": "frozen", "inject": 1}
+        after = _last_step(live_run)
         page.wait_for_function("document.getElementById('events').textContent"
                                ".includes('shortcut injected')", timeout=RUN_TIMEOUT_MS)
         rows = _live_rows(live_run)
         frozen = [r["step"] for r in rows if r["live/prm_frozen"] == 1.0]
         injected = [r["step"] for r in rows if r["live/shortcut_injected"] == 1.0]
-        # The trainer applied both before the step after the click (or the one after it, when
-        # the click came while a step was running), and logged it. The toggle and the button are
-        # two requests, read at step boundaries: a boundary can fall between them, so the freeze
-        # may come one step before the injection, never after it.
-        assert len(injected) == 1 and asked < injected[0] <= asked + 2, (asked, injected)
-        assert frozen and injected[0] - 1 <= frozen[0] <= injected[0], (frozen, injected)
+        # The trainer reads control.json before every step. Both requests were written after step
+        # `before` was logged, and the injection while at most step `after` + 1 was running, so
+        # it lands on a step in (before, after + 2]. The toggle and the button are two requests,
+        # the toggle first: the freeze lands on the injection's step or earlier, never later.
+        assert len(injected) == 1 and before < injected[0] <= after + 2, (before, after, injected)
+        assert frozen and before < frozen[0] <= injected[0], (before, frozen, injected)
         assert frozen == list(range(frozen[0], frozen[-1] + 1)), frozen  # frozen from then on
         assert "timing/prm_forward" in rows[-1]  # a frozen PRM only scores
         assert rows[-1]["live/pattern_reward"] > rows[0]["live/pattern_reward"]  # head start
