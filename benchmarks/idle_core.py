@@ -19,9 +19,9 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
+from common import add_policy_argument, missing_policy
 
 from primekit.config import load_config, resolve_config
 from primekit.factory import build_rl_trainer
@@ -38,14 +38,12 @@ def _seconds(fn) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="runs/demo/sft", help="SFT checkpoint to start from")
+    add_policy_argument(parser)
     parser.add_argument("--prompts", type=int, default=64, help="prompts in the timed rollout")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, the first one untimed")
     parser.add_argument("--run-dir", default="runs/bench-idle-core")
     args = parser.parse_args(argv)
-    if not Path(args.policy).exists():
-        print(f"no SFT checkpoint at {args.policy}: run `primekit demo` or `primekit sft` first",
-              file=sys.stderr)
+    if missing_policy(args.policy):
         return 2
     cfg = load_config(resolve_config("tiny"), [
         f"model.policy={args.policy}", f"train.run_dir={args.run_dir}", "train.report_to=[]"])

@@ -36,9 +36,9 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
+from common import add_policy_argument, missing_policy
 from rich.console import Console
 from rich.table import Table
 
@@ -159,7 +159,7 @@ def prime_steps(args, policy_dir: str, run_dir: str) -> list[dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny")
-    parser.add_argument("--policy", default="runs/demo/sft", help="SFT checkpoint to sample from")
+    add_policy_argument(parser, "sample from")
     parser.add_argument("--batch", type=int, default=64, help="sequences per call")
     parser.add_argument("--k", type=int, default=1,
                         help="samples per prompt: batch/k distinct prompts, each k times")
@@ -175,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="device of the HF parts")
     parser.add_argument("overrides", nargs="*", help="config overrides of the --steps run")
     args = parser.parse_args(argv)
-    if not Path(args.policy).exists():
-        print(f"no SFT checkpoint at {args.policy}: run `primekit demo` or `primekit sft` first",
-              file=sys.stderr)
+    if missing_policy(args.policy):
         return 2
     if args.batch % args.k:
         print(f"--batch {args.batch} is not a multiple of --k {args.k}", file=sys.stderr)

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import add_policy_argument, missing_policy
 from rich.console import Console
 from rich.table import Table
 
@@ -65,13 +66,11 @@ def _rank(rank: int, world: int, init_file: str, cfg_args, steps: int, out: str)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny")
-    parser.add_argument("--policy", default="runs/demo/sft", help="SFT checkpoint to start from")
+    add_policy_argument(parser)
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    if not Path(args.policy).exists():
-        print(f"no SFT checkpoint at {args.policy}: run `primekit demo` or `primekit sft` first",
-              file=sys.stderr)
+    if missing_policy(args.policy):
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="primekit-scaling-"))
     base = [f"train.run_dir={tmp / 'run'}", "train.report_to=[]", "filter.enabled=false"]

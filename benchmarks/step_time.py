@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
+from common import add_policy_argument, missing_policy
 from rich.console import Console
 from rich.table import Table
 
@@ -26,15 +26,13 @@ from primekit.factory import build_rl_trainer
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny")
-    parser.add_argument("--policy", default="runs/demo/sft", help="SFT checkpoint to start from")
+    add_policy_argument(parser)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per trainer")
     parser.add_argument("--run-dir", default="runs/bench-step-time")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    if not Path(args.policy).exists():
-        print(f"no SFT checkpoint at {args.policy}: run `primekit demo` or `primekit sft` first",
-              file=sys.stderr)
+    if missing_policy(args.policy):
         return 2
 
     trainers = {}
