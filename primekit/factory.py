@@ -7,6 +7,8 @@ Tests and other callers pass their own `verifier`, `engine` or `rewarder` to rep
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from primekit import distributed as dist
@@ -74,12 +76,20 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
                                  own_copy=own_copy)
     if verifier is None:
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)
+    if cfg.live.enabled:  # counts the sampled responses that carry the shortcut (live.py)
+        from primekit.trainer.live import PatternCounter
+
+        verifier = PatternCounter(verifier, cfg.live.pattern)
     trainer = RLTrainer(cfg, policy=policy, tokenizer=tokenizer, engine=engine, verifier=verifier,
                         train_problems=inputs.train_problems, eval_problems=inputs.eval_problems,
                         rewarder=rewarder, ref=ref, critic=critic,
                         prompt_ids=(inputs.train_prompt_ids, inputs.eval_prompt_ids))
     if resume:
         trainer.resume()
+    if cfg.live.enabled:  # RUN_DIR/control.json applied before every step (trainer/live.py)
+        from primekit.trainer.live import LiveControl
+
+        trainer.run_step = partial(LiveControl(trainer, verifier).step, trainer.train_step)
     return trainer
 
 

@@ -1,4 +1,6 @@
-"""primekit's imports point one way: down the layers below, with no cycles among siblings.
+"""primekit's imports point one way: down the layers below, with no cycles anywhere: neither
+among units (packages and top-level modules) nor among the modules inside one unit (the
+trainer's rl.py and live.py once imported each other).
 
 Every `import` and `from ... import` under primekit/ counts, wherever it sits (module level,
 inside a function, under TYPE_CHECKING): a lazy import is still a dependency, it only moves the
@@ -39,6 +41,8 @@ LAYERS: dict[str, int] = {
     "primekit.demo": 3,
     "primekit.factory": 3,
     "primekit.plan": 3,
+    # Experiments (arms x seeds of ordinary `primekit train` runs) sit beside the CLI.
+    "primekit.experiment": 3,
     # The pages and plots (sim, dashboard, heatmap, rerank): may use anything below; nothing
     # below imports them.
     "primekit.viz": 3,
@@ -51,9 +55,6 @@ ONLY_IMPORTS: dict[str, tuple[str, ...]] = {
 
 # Pairs of units that must not import each other in either direction.
 SEPARATE: list[tuple[str, str]] = [("primekit.trainer", "primekit.reward_models")]
-
-# Layers whose units must form an acyclic graph (the L1 packages and the L0 modules).
-ACYCLIC_LAYERS: tuple[int, ...] = (0, 1)
 
 ROOT = Path(primekit.__file__).parent
 
@@ -162,6 +163,7 @@ def _cycles(nodes: set[str], graph: dict[str, set[str]]) -> list[list[str]]:
 
 def violations(edges: Iterable[Edge]) -> list[str]:
     """One line per offending edge (or cycle); empty when the imports point one way."""
+    edges = list(edges)  # read twice: units, then modules
     problems = []
     unit_edges: dict[tuple[str, str], list[Edge]] = {}
     for e in edges:
@@ -184,22 +186,37 @@ def violations(edges: Iterable[Edge]) -> list[str]:
             problems.append(f"{src} and {dst} must not import each other: "
                             f"{e.src} -> {e.dst} at {e.where}")
         unit_edges.setdefault((src, dst), []).append(e)
-    for layer in ACYCLIC_LAYERS:
+    for layer in sorted(set(LAYERS.values())):
         nodes = {u for u, lvl in LAYERS.items() if lvl == layer}
-        graph: dict[str, set[str]] = {}
-        for src, dst in unit_edges:
-            if src in nodes and dst in nodes:
-                graph.setdefault(src, set()).add(dst)
-        for component in _cycles(nodes, graph):
-            members = set(component)
-            detail = "; ".join(
-                f"{e.src} -> {e.dst} at {e.where}"
-                for (src, dst), es in sorted(unit_edges.items())
-                if src in members and dst in members
-                for e in es
-            )
-            problems.append(f"import cycle among L{layer} units {', '.join(component)}: {detail}")
+        for component in _cycles(nodes, _graph(unit_edges, nodes)):
+            problems.append(f"import cycle among L{layer} units {', '.join(component)}: "
+                            f"{_detail(unit_edges, set(component))}")
+    # Module by module inside each unit (a package's __init__ is the module of its name). A cycle
+    # through two units is already named above: as their cycle, or as an upward import.
+    module_edges: dict[tuple[str, str], list[Edge]] = {}
+    for e in edges:
+        if e.src != e.dst and unit_of(e.src) == unit_of(e.dst) is not None:
+            module_edges.setdefault((e.src, e.dst), []).append(e)
+    nodes = {m for pair in module_edges for m in pair}
+    for component in _cycles(nodes, _graph(module_edges, nodes)):
+        problems.append(f"import cycle among modules {', '.join(component)}: "
+                        f"{_detail(module_edges, set(component))}")
     return problems
+
+
+def _graph(pairs: Iterable[tuple[str, str]], nodes: set[str]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for src, dst in pairs:
+        if src in nodes and dst in nodes:
+            graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def _detail(pair_edges: dict[tuple[str, str], list[Edge]], members: set[str]) -> str:
+    """The edges of one cycle, sorted: "a -> b at file:line; ..."."""
+    return "; ".join(f"{e.src} -> {e.dst} at {e.where}"
+                     for (src, dst), es in sorted(pair_edges.items())
+                     if src in members and dst in members for e in es)
 
 
 # --- the package itself -------------------------------------------------------------------------
@@ -284,6 +301,10 @@ def test_checker_flags_trainer_and_reward_models_both_ways():
         "primekit.trainer.rl -> primekit.reward_models.dense at rl.py:9",
         "primekit.reward_models and primekit.trainer must not import each other: "
         "primekit.reward_models.heads -> primekit.trainer.experience at heads.py:18",
+        # Both ways at once is also a cycle, which the cycle check names as such.
+        "import cycle among L2 units primekit.reward_models, primekit.trainer: "
+        "primekit.reward_models.heads -> primekit.trainer.experience at heads.py:18; "
+        "primekit.trainer.rl -> primekit.reward_models.dense at rl.py:9",
     ]
 
 
@@ -316,6 +337,41 @@ def test_checker_flags_cycles_among_siblings():
         "primekit.data.arithmetic -> primekit.verifiers.base at arithmetic.py:29; "
         "primekit.models.hf -> primekit.data.problem at hf.py:4; "
         "primekit.verifiers -> primekit.models.hf at __init__.py:3",
+    ]
+
+
+def test_checker_flags_cycles_between_modules_of_one_unit():
+    edges = [
+        # The trainer's circle before live mode left the trainer (main at 4595649): rl.py ran
+        # the live step, live.py typed its argument as RLTrainer under TYPE_CHECKING.
+        Edge("primekit.trainer.rl", "primekit.trainer.live", "primekit/trainer/rl.py:64"),
+        Edge("primekit.trainer.live", "primekit.trainer.rl", "primekit/trainer/live.py:59"),
+        # A package's __init__ and one of its modules, through a third module.
+        Edge("primekit.viz", "primekit.viz.cli", "__init__.py:1"),
+        Edge("primekit.viz.cli", "primekit.viz.sim", "cli.py:2"),
+        Edge("primekit.viz.sim", "primekit.viz", "sim.py:3"),
+        Edge("primekit.viz.dashboard", "primekit.viz.sim", "dashboard.py:4"),  # into it only
+        Edge("primekit.trainer.live", "primekit.trainer.checkpoint", "live.py:5"),  # one way
+    ]
+    assert violations(edges) == [
+        "import cycle among modules primekit.trainer.live, primekit.trainer.rl: "
+        "primekit.trainer.live -> primekit.trainer.rl at primekit/trainer/live.py:59; "
+        "primekit.trainer.rl -> primekit.trainer.live at primekit/trainer/rl.py:64",
+        "import cycle among modules primekit.viz, primekit.viz.cli, primekit.viz.sim: "
+        "primekit.viz -> primekit.viz.cli at __init__.py:1; "
+        "primekit.viz.cli -> primekit.viz.sim at cli.py:2; "
+        "primekit.viz.sim -> primekit.viz at sim.py:3",
+    ]
+
+
+def test_checker_flags_cycles_among_top_units():
+    edges = [
+        Edge("primekit.cli", "primekit.viz.cli", "cli.py:10"),
+        Edge("primekit.viz.sim", "primekit.cli", "sim.py:20"),
+    ]
+    assert violations(edges) == [
+        "import cycle among L3 units primekit.cli, primekit.viz: "
+        "primekit.cli -> primekit.viz.cli at cli.py:10; primekit.viz.sim -> primekit.cli at sim.py:20",
     ]
 
 

@@ -164,6 +164,7 @@ class ExplicitRewarder:
     # The trainer's TokenRewarder seam (primekit.trainer.experience): a frozen model, so no
     # reference log-probs, nothing trained, nothing to checkpoint.
     reference_chunks = None
+    frozen = True
 
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,

@@ -60,6 +60,10 @@ class TokenRewarder(Protocol):
     # implicit PRM's log-ratio against an identical reference is exactly zero.
     reference_chunks: tuple[int, int] | None
 
+    # True pauses the update of a rewarder trained online (live control's PRM toggle,
+    # trainer/live.py): `rewards` then only scores. A rewarder that never trains ignores it.
+    frozen: bool
+
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:

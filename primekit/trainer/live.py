@@ -1,14 +1,14 @@
 """Live control of a running PRIME training: the PRM online/frozen toggle and the shortcut.
 
-With `live.enabled`, the RL loop runs each step through `LiveControl.step`, which first reads
-RUN_DIR/control.json, the file `primekit sim --live RUN_DIR` writes (primekit/viz/live.py):
+With `live.enabled`, the factory (primekit/factory.py) wraps the trainer's step in
+`LiveControl.step`, which first reads RUN_DIR/control.json (the protocol: trainer/control.py),
+the file `primekit sim --live RUN_DIR` writes (primekit/viz/live.py):
 
-    {"prm": "online" | "frozen", "inject": n}
-
-  prm     a state: "frozen" pauses the implicit PRM's update (its token rewards still come from
-          the current PRM, only the scoring forward runs); "online" is PRIME's normal update.
-  inject  an event counter: each request above the count already handled injects the shortcut
-          once. Requests written before the run started are not replayed.
+  prm     "frozen" pauses the implicit PRM's update (its token rewards still come from the
+          current PRM, only the scoring forward runs; the rewarder's `frozen`); "online" is
+          PRIME's normal update.
+  inject  each request above the count already handled injects the shortcut once. Requests
+          written before the run started are not replayed.
 
 The shortcut is a real exploit the verifier rejects: a demonstration whose final (answer) line is
 replaced by `live.pattern` ("A:0" for the arithmetic task, whose answers are 1..99). Injecting it
@@ -33,8 +33,6 @@ beta * sum_t (log pi_prm - log pi_ref) on the pattern responses, measured after 
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -53,37 +51,13 @@ from primekit.config import ConfigError
 from primekit.data.problem import Problem
 from primekit.logging import console
 from primekit.models.logprobs import batch_logprobs, sequence_logprobs
+from primekit.models.optim import guarded_step
 from primekit.rollout.base import RolloutBatch, batch_from_texts
+from primekit.trainer.control import read_control
+from primekit.verifiers import Verifier
 
 if TYPE_CHECKING:
     from primekit.trainer.rl import RLTrainer
-
-CONTROL = "control.json"
-MODES = ("online", "frozen")
-
-
-def read_control(run_dir: Path) -> dict:
-    """control.json as {"prm": mode or None, "inject": n}; a missing or half-written file asks
-    for nothing."""
-    try:
-        data = json.loads((Path(run_dir) / CONTROL).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {"prm": None, "inject": 0}
-    mode = data.get("prm")
-    if mode not in (*MODES, None):
-        raise ValueError(f"{CONTROL}: prm must be one of {MODES}, got {mode!r}")
-    return {"prm": mode, "inject": int(data.get("inject", 0))}
-
-
-def write_control(run_dir: Path, *, prm: str, inject: int) -> None:
-    """Write control.json atomically (the trainer never reads half a file)."""
-    if prm not in MODES:
-        raise ValueError(f"prm must be one of {MODES}, got {prm!r}")
-    path = Path(run_dir) / CONTROL
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"prm": prm, "inject": int(inject)}))
-    os.replace(tmp, path)
 
 
 def carries_pattern(response: str, pattern: str) -> bool:
@@ -99,10 +73,11 @@ def pattern_response(problem: Problem, pattern: str) -> str:
     return "\n".join(problem.solution.split("\n")[:-1] + [pattern])
 
 
-class _PatternCounter:
-    """The trainer's verifier, counting the graded responses that carry the pattern."""
+class PatternCounter:
+    """A verifier that counts the graded responses carrying the pattern (live/shortcut_rate);
+    the factory hands it to a `live.enabled` trainer in place of the verifier it wraps."""
 
-    def __init__(self, inner, pattern: str) -> None:
+    def __init__(self, inner: Verifier, pattern: str) -> None:
         self.inner, self.pattern = inner, pattern
         self.seen = self.hits = 0
 
@@ -119,21 +94,24 @@ class _PatternCounter:
 
 
 class LiveControl:
-    """Applies control.json to a trainer between steps; see the module docstring."""
+    """Applies control.json to a trainer between steps; see the module docstring.
 
-    def __init__(self, trainer: RLTrainer) -> None:
+    `counter` is the trainer's verifier (the factory built the trainer with it); the trainer
+    itself is only read, and its step is wrapped by whoever calls `step`.
+    """
+
+    def __init__(self, trainer: RLTrainer, counter: PatternCounter) -> None:
         cfg = trainer.cfg
         if dist.world_size() > 1:
             raise ConfigError("live.enabled: live control runs a single process, not torchrun")
         prm = trainer.rewarder.trainable().get("prm") if trainer.rewarder is not None else None
-        if prm is None or not hasattr(trainer.rewarder, "frozen"):
+        if prm is None:
             raise ConfigError("live.enabled: live control drives the implicit PRM; it needs "
                               "algorithm.reward_mode=prime and prm.update=online")
         self.trainer, self.cfg, self.beta = trainer, cfg.live, cfg.prm.beta
         self.prm_model = prm[0]
         self.run_dir = Path(cfg.train.run_dir)
-        self.counter = _PatternCounter(trainer.verifier, cfg.live.pattern)
-        trainer.verifier = self.counter
+        self.counter = counter
         self.handled = read_control(self.run_dir)["inject"]  # earlier requests: not replayed
         self.injections = 0
         self.probe, self.discovery = self._pattern_batches()
@@ -223,15 +201,5 @@ class LiveControl:
                                       b.attention_mask.to(device), b.response_len)
             loss = loss_fn(lp.float())  # lp: [n, T]
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.trainer.cfg.prm.grad_clip)
-            opt.step()
+            guarded_step("live", model, opt, grad_clip=self.trainer.cfg.prm.grad_clip)
         model.train(was_training)
-
-
-def controlled(trainer: RLTrainer) -> Callable[[], dict[str, float]]:
-    """The trainer's step function: `train_step` itself, or under live control with
-    `live.enabled`."""
-    if not trainer.cfg.live.enabled:
-        return trainer.train_step
-    live = LiveControl(trainer)
-    return lambda: live.step(trainer.train_step)

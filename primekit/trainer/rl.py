@@ -23,6 +23,7 @@ FSDP2-sharded under torchrun, rollout engine, verifier, token rewarder);
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from math import ceil
 from pathlib import Path
 
@@ -61,7 +62,6 @@ from primekit.trainer.experience import (
     correct_for_sampler,
     sample_rows,
 )
-from primekit.trainer.live import controlled
 from primekit.verifiers import Verifier
 
 
@@ -111,6 +111,9 @@ class RLTrainer:
         self.resumed_from: Path | None = None
         self._warned_unfilled = False
         self.last_experience: Experience | None = None  # the last update's batch (samples)
+        # The step the loop runs: train_step, or a wrapper of it that the factory installs
+        # (live control with live.enabled, trainer/live.py).
+        self.run_step: Callable[[], dict[str, float]] = self.train_step
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, float]]:
@@ -119,7 +122,6 @@ class RLTrainer:
         logger = MetricLogger(Path(cfg.run_dir), report_to=cfg.report_to,
                               resume_step=self.step if self.resumed_from else None,
                               run_config=self.cfg.to_dict())
-        step = controlled(self)  # train_step, under live control with live.enabled (live.py)
         if dist.is_main():  # what policy.old_logprobs (auto by default) was resolved to
             how = {"rollout": "reused from the sampler"}.get(self.cfg.policy.old_logprobs,
                                                              "recomputed by the trainer")
@@ -129,7 +131,7 @@ class RLTrainer:
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
                 while self.step < cfg.steps:
                     signals.stop_if_requested(self.step, Path(cfg.run_dir), self.save)
-                    metrics = step()
+                    metrics = self.run_step()
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                         metrics.update(self.evaluate())

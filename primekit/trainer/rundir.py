@@ -38,7 +38,7 @@ from primekit import distributed as dist
 from primekit.config import Config, ConfigError
 from primekit.logging import console
 from primekit.trainer import checkpoint as ckpt
-from primekit.trainer.live import CONTROL
+from primekit.trainer.control import CONTROL
 
 LOCK = ".lock"
 
@@ -106,7 +106,7 @@ def check_resume(cfg: Config) -> Path:
 
 
 def _contents(run_dir: Path) -> list[Path]:
-    # The live page's control file may be written before the run starts (trainer/live.py).
+    # The live page's control file may be written before the run starts (trainer/control.py).
     keep = (LOCK, CONTROL)
     return sorted(p for p in run_dir.iterdir() if p.name not in keep) if run_dir.is_dir() else []
 

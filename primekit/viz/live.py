@@ -3,8 +3,8 @@
 The run is a `primekit train ... live.enabled=true` writing RUN_DIR (started before or after the
 page). The page follows its metrics.jsonl and samples.jsonl like the dashboard
 (primekit/viz/dashboard.py: the same derived keys and lights) and writes RUN_DIR/control.json,
-which the trainer reads before every step (primekit/trainer/live.py: what the toggle and the
-injection do to the real models).
+which the trainer reads before every step (the format: primekit/trainer/control.py; what the
+toggle and the injection do to the real models: primekit/trainer/live.py).
 
 JSON endpoints (every answer is the state below):
   GET  /api/state?since=N  metric rows from N on, the two lights, the requested control, what
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from primekit.config import VizConfig
-from primekit.trainer.live import MODES, read_control, write_control
+from primekit.trainer.control import MODES, read_control, write_control
 from primekit.viz.dashboard import RunFollower
 from primekit.viz.lights import thresholds
 from primekit.viz.server import Routes, page

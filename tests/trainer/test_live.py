@@ -1,5 +1,6 @@
 """Live control (primekit/trainer/live.py): the PRM toggle and the shortcut injection on a real
-(tiny) trainer, driven through RUN_DIR/control.json as `primekit sim --live` drives it."""
+(tiny) trainer, driven through RUN_DIR/control.json (trainer/control.py) as `primekit sim --live`
+drives it. The factory wraps the trainer's step: `trainer.run_step` is the live step."""
 
 from __future__ import annotations
 
@@ -15,13 +16,8 @@ from primekit.data.problem import Problem
 from primekit.factory import build_rl_trainer
 from primekit.models.logprobs import batch_logprobs
 from primekit.rollout.base import batch_from_texts
-from primekit.trainer.live import (
-    LiveControl,
-    carries_pattern,
-    pattern_response,
-    read_control,
-    write_control,
-)
+from primekit.trainer.control import read_control, write_control
+from primekit.trainer.live import PatternCounter, carries_pattern, pattern_response
 from primekit.verifiers.base import Verdict
 from tests.trainer.conftest import CONFIG, small_overrides
 
@@ -83,27 +79,25 @@ def test_frozen_keeps_the_prm_weights_and_online_changes_them(rl_config):
     cfg = rl_config(*LIVE)
     trainer = build_rl_trainer(cfg)
     run = Path(cfg.train.run_dir)
-    live = LiveControl(trainer)
     prm = trainer.rewarder.trainable()["prm"][0]
     write_control(run, prm="frozen", inject=0)
     before = _params(prm)
-    m = live.step(trainer.train_step)
+    m = trainer.run_step()
     assert _same(before, _params(prm))  # no PRM update
     assert m["live/prm_frozen"] == 1.0 and m["live/shortcut_injected"] == 0.0
     assert "timing/prm_forward" in m and "prm/loss" not in m
     write_control(run, prm="online", inject=0)
-    m = live.step(trainer.train_step)
+    m = trainer.run_step()
     assert not _same(before, _params(prm))  # PRIME's online update
     assert m["live/prm_frozen"] == 0.0 and "prm/loss" in m
 
 
 def test_inject_makes_the_prm_pay_for_the_pattern(rl_config):
     cfg = rl_config(*LIVE)
-    trainer = build_rl_trainer(cfg)
     run = Path(cfg.train.run_dir)
     write_control(run, prm="frozen", inject=3)  # requests from before the run: not replayed
-    live = LiveControl(trainer)
-    m = live.step(trainer.train_step)
+    trainer = build_rl_trainer(cfg)
+    m = trainer.run_step()
     assert m["live/shortcut_injected"] == 0.0 and m["live/injections"] == 0.0
     idx = list(range(8))
     problems = [trainer.train_problems[i] for i in idx]
@@ -114,7 +108,7 @@ def test_inject_makes_the_prm_pay_for_the_pattern(rl_config):
     assert torch.equal(before, torch.zeros(8))
     policy_before = _params(trainer.policy)
     write_control(run, prm="frozen", inject=4)
-    m = live.step(trainer.train_step)
+    m = trainer.run_step()
     assert m["live/shortcut_injected"] == 1.0 and m["live/injections"] == 1.0
     after = _returns(trainer, shortcut, idx)
     # The head start: every shortcut response is now paid more than before (here the problems
@@ -122,7 +116,7 @@ def test_inject_makes_the_prm_pay_for_the_pattern(rl_config):
     assert (after > before + 0.05).all(), after
     assert m["live/pattern_reward"] > 0.05
     assert not _same(policy_before, _params(trainer.policy))  # the policy's discovery step
-    m = live.step(trainer.train_step)  # one request, one injection
+    m = trainer.run_step()  # one request, one injection
     assert m["live/shortcut_injected"] == 0.0 and m["live/injections"] == 1.0
 
 
@@ -145,15 +139,28 @@ class AcceptAll:
 
 def test_a_pattern_the_verifier_accepts_is_refused(rl_config):
     cfg = rl_config(*LIVE)
-    trainer = build_rl_trainer(cfg, verifier=AcceptAll())
     with pytest.raises(ConfigError, match="verifier accepts 8 of 8"):
-        LiveControl(trainer)
+        build_rl_trainer(cfg, verifier=AcceptAll())
 
 
 def test_live_needs_an_online_implicit_prm(rl_config):
-    trainer = build_rl_trainer(rl_config(*LIVE, "algorithm.reward_mode=outcome"))
     with pytest.raises(ConfigError, match="reward_mode=prime and prm.update=online"):
-        LiveControl(trainer)
+        build_rl_trainer(rl_config(*LIVE, "algorithm.reward_mode=outcome"))
+
+
+def test_the_factory_wraps_the_step_and_the_verifier_only_with_live_enabled(rl_config):
+    # Without live.enabled the trainer runs its own step with the verifier it was given.
+    plain = build_rl_trainer(rl_config())
+    assert plain.run_step == plain.train_step and not isinstance(plain.verifier, PatternCounter)
+    # With it, the factory hands the trainer a counting verifier and wraps its step; the
+    # trainer's own attributes are never swapped afterwards (one step leaves them as built).
+    trainer = build_rl_trainer(rl_config(*LIVE))
+    verifier = trainer.verifier
+    assert isinstance(verifier, PatternCounter) and trainer.run_step != trainer.train_step
+    m = trainer.run_step()
+    assert trainer.verifier is verifier and "live/shortcut_rate" in m
+    # The counter saw this step's sampled responses: rollout.n_samples per kept-or-dropped prompt.
+    assert verifier.seen > 0 and verifier.seen % trainer.cfg.rollout.n_samples == 0
 
 
 def test_the_packaged_live_config_is_the_documented_one(tiny_model_dir, tmp_path):

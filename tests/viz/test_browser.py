@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from primekit.config import SimConfig, VizConfig
-from primekit.trainer.live import read_control
+from primekit.trainer.control import read_control
 from primekit.viz.dashboard import DashboardApp
 from primekit.viz.live import LiveApp
 from primekit.viz.server import start_in_thread

@@ -10,7 +10,7 @@ import pytest
 
 from primekit import cli
 from primekit.config import VizConfig
-from primekit.trainer.live import read_control, write_control
+from primekit.trainer.control import read_control, write_control
 from primekit.viz.live import LiveApp, live_events
 from primekit.viz.server import start_in_thread
 from tests.viz.fixture_run import metric_row
