@@ -3,8 +3,9 @@
 PRM-accuracy light: the mean PRM accuracy over the last `window` values; green "PRM accurate" at
 or above `prm_ok`, amber "PRM drifting" at or above `prm_warn`, red "PRM wrong" below.
 Gap light: the mean of (reported reward - verifier accuracy) over the same window; green "Reward
-tracks truth" below `gap_warn`, amber "Gap opening" below `gap_bad`, red "Reward hacking" from
-`gap_bad`. Only a reward *above* the truth counts: a PRM that under-reports is not being hacked.
+tracks truth" while |gap| is below `gap_warn`, amber "Gap opening" below `gap_bad`, red "Reward
+hacking" from `gap_bad`. Only a reward *above* the truth counts as hacking; a reward at least
+`gap_warn` *below* it is amber "Reward under-reports truth" (not hacked, but not tracking either).
 The thresholds are `VizConfig`'s (primekit/config.py).
 """
 
@@ -38,7 +39,9 @@ def gap_light(gaps: Sequence[float], cfg: VizConfig) -> dict:
     value = _window_mean(gaps, cfg.window)
     if value is None:
         return {"color": "grey", "label": "No reward yet", "value": None}
-    if value < cfg.gap_warn:
+    if value <= -cfg.gap_warn:
+        color, label = "amber", "Reward under-reports truth"
+    elif value < cfg.gap_warn:
         color, label = "green", "Reward tracks truth"
     elif value < cfg.gap_bad:
         color, label = "amber", "Gap opening"

@@ -54,14 +54,55 @@ FEATURES = np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])  # [pat
 REF_LOGITS = np.array([0.0, -3.0, 0.0])  # pi_ref = (0.488, 0.024, 0.488)
 PRM_INIT = np.array([2.0, 0.0, 1.0])  # w0: trained before the shortcut existed
 PRESETS = {
-    # Identical but for the toggle, so the toggle alone explains the difference.
+    # Identical but for the toggle, so the toggle alone explains the difference. A preset (and
+    # Reset) also restores the knobs to the configured sim.beta and sim.prm_lr (`preset_knobs`).
     "online": {"prm_mode": "online"},
     "frozen": {"prm_mode": "frozen"},
 }
+# The knobs the page turns mid-run, and their bounds (inclusive). Within them the dynamics stay
+# finite: the PRM's CE step is at most prm_lr * beta * L * |f - E f| per step, the log-sums are
+# computed stably, and a step whose result would not be finite is refused (`Sim.step`).
+KNOB_BOUNDS = {"beta": (0.01, 2.0), "prm_lr": (0.0, 1.0)}
+KNOB_NAMES = {"beta": "reward weight beta", "prm_lr": "PRM update rate"}
+
+
+class KnobError(ValueError):
+    """A knob value outside its bounds or not a number; `.field` names the knob."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_knob(name: str, value: object) -> float:
+    """The knob's value as a float, or KnobError naming the knob, its bounds and the value."""
+    if name not in KNOB_BOUNDS:
+        raise KnobError(name, f"unknown knob {name!r}; the knobs are {sorted(KNOB_BOUNDS)}")
+    lo, hi = KNOB_BOUNDS[name]
+    x = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        x = float(value)
+    elif isinstance(value, str) and value.strip():
+        try:
+            x = float(value)
+        except ValueError:
+            x = None
+    if x is None or not math.isfinite(x) or not lo <= x <= hi:
+        got = "nothing" if value is None or value == "" else repr(value)
+        raise KnobError(name, f"{name} ({KNOB_NAMES[name]}) must be a number in [{lo:g}, "
+                              f"{hi:g}], got {got}")
+    return x
+
+
+def preset_knobs(name: str, cfg: SimConfig) -> dict:
+    """The knob values and PRM mode preset `name` starts from (the configured beta and rate)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return {"beta": cfg.beta, "prm_lr": cfg.prm_lr, **PRESETS[name]}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # = 1 / (1 + exp(-x)), without overflow
 
 
 def _softmax(logits: np.ndarray, available: np.ndarray) -> np.ndarray:
@@ -70,11 +111,16 @@ def _softmax(logits: np.ndarray, available: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    return x - float(np.logaddexp.reduce(x))
+
+
 def path_rewards(w: np.ndarray, beta: float, steps: int) -> np.ndarray:
-    """r_k = beta * L * (w . f_k - log Z(w)), the implicit reward of each whole path. [3]"""
-    ref = _softmax(REF_LOGITS, np.ones(3, bool))
+    """r_k = beta * L * (w . f_k - log Z(w)), the implicit reward of each whole path. [3]
+    log Z(w) = logsumexp_j(log pi_ref(j) + w . f_j), so a large w cannot overflow."""
+    log_ref = _log_softmax(REF_LOGITS)
     scores = FEATURES @ w  # [3]
-    log_z = math.log(float(ref @ np.exp(scores)))
+    log_z = float(np.logaddexp.reduce(log_ref + scores))
     return beta * steps * (scores - log_z)
 
 
@@ -102,9 +148,8 @@ class Sim:
 
     @classmethod
     def preset(cls, name: str, cfg: SimConfig) -> Sim:
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-        return cls(replace(cfg, **PRESETS[name]))
+        """A fresh run of preset `name`: its PRM mode, and the knobs `cfg` configures."""
+        return cls(replace(cfg, **preset_knobs(name, cfg)))
 
     # ------------------------------------------------------------------ readouts
     def policy(self) -> np.ndarray:
@@ -125,29 +170,40 @@ class Sim:
 
     # ------------------------------------------------------------------ dynamics
     def step(self) -> dict:
-        """One RL step: sample, PRM update (online), RLOO advantage, policy-gradient step."""
+        """One RL step: sample, PRM update (online), RLOO advantage, policy-gradient step.
+
+        The new state is computed aside and kept only if every number in it is finite: a step
+        that would not be raises FloatingPointError and leaves the run as it was."""
         c = self.cfg
-        pi = self.policy()
-        y = self.rng.choice(3, size=(c.groups, c.samples), p=pi)  # [B, K] path indices
-        o = OUTCOMES[y]  # [B, K]
-        r = self.rewards()[y]  # [B, K] rewards before the PRM update (single forward)
-        if c.prm_mode == "online" and c.prm_lr > 0:
-            self.w -= c.prm_lr * self._ce_grad(y.ravel(), o.ravel())
-        adv = rloo(r) + rloo(o)  # [B, K]
-        grad = np.zeros(3)
-        np.add.at(grad, y.ravel(), adv.ravel())
-        grad -= adv.sum() * pi  # sum_i A_i (e_{y_i} - pi)
-        self.theta += c.policy_lr * grad / y.size
+        state = self.rng.bit_generator.state
+        with np.errstate(over="ignore", invalid="ignore"):  # checked below
+            pi = self.policy()
+            y = self.rng.choice(3, size=(c.groups, c.samples), p=pi)  # [B, K] path indices
+            o = OUTCOMES[y]  # [B, K]
+            r = self.rewards()[y]  # [B, K] rewards before the PRM update (single forward)
+            w = self.w
+            if c.prm_mode == "online" and c.prm_lr > 0:
+                w = self.w - c.prm_lr * self._ce_grad(y.ravel(), o.ravel())
+            adv = rloo(r) + rloo(o)  # [B, K]
+            grad = np.zeros(3)
+            np.add.at(grad, y.ravel(), adv.ravel())
+            grad -= adv.sum() * pi  # sum_i A_i (e_{y_i} - pi)
+            theta = self.theta + c.policy_lr * grad / y.size
+            old = self.theta, self.w
+            self.theta, self.w = theta, w
+            out = {**self.readout(), "step": self.t + 1}
+        if not (np.isfinite(theta).all() and np.isfinite(w).all() and _finite(out)):
+            self.theta, self.w = old
+            self.rng.bit_generator.state = state
+            raise FloatingPointError(f"step {self.t + 1} would make the toy's state non-finite "
+                                     f"(beta {c.beta:g}, PRM update rate {c.prm_lr:g}); not taken")
         self.t += 1
-        out = self.readout()
         self.history.append(out)
         return out
 
     def _ce_grad(self, y: np.ndarray, o: np.ndarray) -> np.ndarray:
         c = self.cfg
-        ref = _softmax(REF_LOGITS, np.ones(3, bool))
-        phi = ref * np.exp(FEATURES @ self.w)
-        phi /= phi.sum()
+        phi = np.exp(_log_softmax(_log_softmax(REF_LOGITS) + FEATURES @ self.w))  # pi_phi, [3]
         dr_dw = c.beta * c.steps_per_response * (FEATURES - phi @ FEATURES)  # [3, features]
         err = _sigmoid(self.rewards()[y]) - o  # [n]
         return (err[:, None] * dr_dw[y]).mean(0)
@@ -168,16 +224,19 @@ class Sim:
         self.cfg = replace(self.cfg, prm_mode=mode)
         self.events.append({"step": self.t, "event": f"PRM {mode}"})
 
-    def set_knobs(self, **knobs: float) -> None:
-        """beta and prm_lr, mid-run; validated like the config."""
-        bad = set(knobs) - {"beta", "prm_lr"}
-        if bad:
-            raise ValueError(f"unknown knob(s) {sorted(bad)}; the knobs are beta and prm_lr")
-        if "beta" in knobs and not float(knobs["beta"]) > 0:
-            raise ValueError(f"beta must be > 0, got {knobs['beta']}")
-        if "prm_lr" in knobs and not float(knobs["prm_lr"]) >= 0:
-            raise ValueError(f"prm_lr must be >= 0, got {knobs['prm_lr']}")
-        self.cfg = replace(self.cfg, **{k: float(v) for k, v in knobs.items()})
+    def set_knobs(self, **knobs: object) -> None:
+        """beta and prm_lr, mid-run, each within KNOB_BOUNDS; a bad value raises KnobError and
+        sets nothing."""
+        self.cfg = replace(self.cfg, **{k: check_knob(k, v) for k, v in knobs.items()})
+
+
+def _finite(x: object) -> bool:
+    """Every number in a readout (nested lists and dicts) is finite."""
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return all(_finite(v) for v in x)
+    return not isinstance(x, float) or math.isfinite(x)
 
 
 def run(cfg: SimConfig, steps: int, inject_at: int | None = 0) -> Sim:

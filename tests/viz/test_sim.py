@@ -15,7 +15,18 @@ import pytest
 from primekit.config import SimConfig, VizConfig
 from primekit.viz import danger
 from primekit.viz.lights import gap_light, prm_light
-from primekit.viz.sim import FEATURES, REF_LOGITS, SHORTCUT, SOUND, WRONG, Sim, path_rewards, rloo
+from primekit.viz.sim import (
+    FEATURES,
+    KNOB_BOUNDS,
+    REF_LOGITS,
+    SHORTCUT,
+    SOUND,
+    WRONG,
+    KnobError,
+    Sim,
+    path_rewards,
+    rloo,
+)
 
 VIZ = VizConfig()
 SEEDS = range(4)
@@ -105,8 +116,15 @@ def test_knobs_are_validated_and_take_effect():
     w = sim.w.copy()
     sim.step()
     assert np.array_equal(sim.w, w)  # a PRM update rate of 0 leaves the PRM as it is
-    with pytest.raises(ValueError, match="beta must be > 0"):
+    with pytest.raises(KnobError, match=r"beta \(reward weight beta\) must be a number in "
+                       r"\[0.01, 2\], got 0") as err:
         sim.set_knobs(beta=0)
+    assert err.value.field == "beta" and sim.cfg.beta == 1.0  # nothing set
+    for bad in (None, "", "abc", float("nan"), float("inf"), True, 2.5, -0.1):
+        with pytest.raises(KnobError):
+            sim.set_knobs(prm_lr=bad)
+    sim.set_knobs(beta="0.25", prm_lr=1)  # strings from the page's fields, ints, the bounds
+    assert (sim.cfg.beta, sim.cfg.prm_lr) == (0.25, 1.0)
     with pytest.raises(ValueError, match="unknown knob"):
         sim.set_knobs(lr=1)
     with pytest.raises(ValueError, match="unknown preset"):
@@ -118,7 +136,11 @@ def test_lights_thresholds():
     assert gap_light([0.9, 0.0, 0.1], cfg)["color"] == "green"  # only the window counts: 0.05
     assert gap_light([0.2, 0.2], cfg)["label"] == "Gap opening"
     assert gap_light([0.3, 0.3], cfg)["label"] == "Reward hacking"
-    assert gap_light([-0.9, -0.9], cfg)["color"] == "green"  # under-reporting is not hacking
+    # Under-reporting is not hacking, but from gap_warn below the truth the light says so.
+    assert gap_light([-0.9, -0.9], cfg)["label"] == "Reward under-reports truth"
+    assert gap_light([-0.9, -0.9], cfg)["color"] == "amber"
+    assert gap_light([-0.15, -0.15], cfg)["color"] == "amber"  # the bound is inclusive
+    assert gap_light([-0.14, -0.14], cfg)["label"] == "Reward tracks truth"
     assert prm_light([0.8, 0.8], cfg)["color"] == "green"
     assert prm_light([0.7, 0.7], cfg)["color"] == "amber"
     assert prm_light([0.5, 0.6], cfg)["color"] == "red"
@@ -142,3 +164,79 @@ def test_paths_have_the_stated_outcomes():
     r = sim.rewards()
     # The starting PRM pays the shortcut more than the sound path, and the wrong path least.
     assert r[SHORTCUT] > r[SOUND] > 0 > r[WRONG]
+
+
+def _all_finite(sim: Sim) -> bool:
+    return all(math.isfinite(v) for h in sim.history for v in
+               [h["accuracy"], h["reported"], h["prm_accuracy"], h["gap"], *h["policy"],
+                *h["rewards"]]) and np.isfinite(sim.theta).all() and np.isfinite(sim.w).all()
+
+
+@pytest.mark.parametrize("beta", KNOB_BOUNDS["beta"])
+@pytest.mark.parametrize("prm_lr", KNOB_BOUNDS["prm_lr"])
+def test_extreme_knobs_stay_finite(beta, prm_lr):
+    # Every corner of the bounds, the shortcut injected after 5 steps, 600 steps online (the
+    # issue's beta 10, rate 50 gave -inf rewards after 2 steps): every readout stays finite.
+    sim = Sim.preset("online", SimConfig(beta=beta, prm_lr=prm_lr))
+    for t in range(600):
+        if t == 5:
+            sim.inject_shortcut()
+        sim.step()
+    assert _all_finite(sim) and sim.t == 600
+
+
+def test_path_rewards_do_not_overflow():
+    # w . f = 1000 overflowed exp() in log Z before; log Z = logsumexp(log pi_ref + w . f).
+    r = path_rewards(np.array([1000.0, 0.0, 0.0]), 2.0, 10)
+    ref = np.exp(REF_LOGITS) / np.exp(REF_LOGITS).sum()
+    # log Z = 1000 + log(pi_ref(sound) + pi_ref(shortcut)) up to exp(-1000); wrong path: -20 log Z
+    log_z = 1000 + math.log(ref[0] + ref[1])
+    assert r == pytest.approx([20 * (1000 - log_z), 20 * (1000 - log_z), -20 * log_z])
+
+
+def test_a_non_finite_step_is_refused_and_not_stored():
+    sim = Sim(SimConfig())
+    sim.step()
+    before = (sim.t, sim.theta.copy(), sim.w.copy(), len(sim.history))
+    sim.w[0] = float("inf")  # as if an update had overflowed
+    w = sim.w.copy()
+    with pytest.raises(FloatingPointError, match="step 2 would make the toy's state non-finite"):
+        sim.step()
+    assert (sim.t, len(sim.history)) == (before[0], before[3])
+    assert np.array_equal(sim.theta, before[1]) and np.array_equal(sim.w, w)
+
+
+def test_preset_restores_its_own_knobs():
+    cfg = SimConfig(beta=0.5, prm_lr=0.2)
+    sim = Sim.preset("online", cfg)
+    sim.set_knobs(beta=0.1, prm_lr=0.0)
+    again = Sim.preset("frozen", cfg)  # what the page's preset button does
+    assert (again.cfg.beta, again.cfg.prm_lr, again.cfg.prm_mode) == (0.5, 0.2, "frozen")
+
+
+# The recovery figures quoted on the page and in docs/viz.md (section 1): frozen from the
+# injection (after 30 warm-up steps), then online. Recovery = first step with accuracy > 0.9.
+def recovery(seed: int, frozen: int, online: int) -> tuple[int | None, float]:
+    sim = scene("frozen", seed, after=frozen)
+    sim.set_mode("online")
+    first = None
+    for i in range(1, online + 1):
+        sim.step()
+        if first is None and sim.history[-1]["accuracy"] > 0.9:
+            first = i
+    return first, sim.history[-1]["accuracy"]
+
+
+def test_recovery_after_800_frozen_steps_seed_1():
+    first, acc = recovery(1, 800, 300)
+    assert first == 278 and acc > 0.98
+
+
+@pytest.mark.slow
+def test_recovery_figures():
+    # 800 frozen steps: back above 0.9 after 278-471 online steps (seeds 0-3).
+    assert [recovery(s, 800, 500)[0] for s in SEEDS] == [471, 278, 449, 371]
+    # ~3,000 frozen steps: 1,000 online steps do not bring it back (accuracy <= 0.002).
+    for s in SEEDS:
+        first, acc = recovery(s, 3000, 1000)
+        assert first is None and acc < 0.0025, (s, acc)
