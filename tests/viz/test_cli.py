@@ -48,3 +48,47 @@ def test_commands_are_listed(command, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert command in capsys.readouterr().out
+
+
+@pytest.fixture
+def busy_port():
+    """A port another server is listening on."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("port, message", [
+    ("99999", "--port must be 0 (any free port) to 65535, got 99999"),
+    ("-1", "--port must be 0 (any free port) to 65535, got -1"),
+    ("busy", "is in use"),
+])
+@pytest.mark.parametrize("command", [["sim", "--map"], ["dashboard", "RUN"], ["sim", "--live", "RUN"]])
+def test_bad_or_busy_port_is_one_line_before_any_work(command, port, message, busy_port,
+                                                      tmp_path, capsys, monkeypatch):
+    def no_sweep(*a, **k):
+        raise AssertionError("the map's sweep ran before the port was checked")
+
+    monkeypatch.setattr("primekit.viz.danger.sweep", no_sweep)
+    port = str(busy_port) if port == "busy" else port
+    argv = [str(tmp_path) if a == "RUN" else a for a in command]
+    assert cli.main([argv[0], "--no-browser", "--port", port, *argv[1:]]) == 2
+    err = _one_line(capsys)
+    assert err.startswith("primekit: error: ") and message in err
+    if port == str(busy_port):
+        assert f"port {busy_port} on 127.0.0.1 is in use" in err and "--port 0" in err
+
+
+def test_configured_port_out_of_range_is_one_line(capsys):
+    assert cli.main(["sim", "--no-browser", "viz.port=70000"]) == 2
+    assert "got 70000" in _one_line(capsys)
