@@ -1,5 +1,5 @@
 """The `primekit` command line: sft, train, eval, export, demo, train-orm, train-prm,
-hack-check, plan, sim, dashboard, heatmap, rerank.
+hack-check, plan, sim, dashboard, heatmap, rerank, experiment.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
 `tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`), given
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     from primekit.viz.cli import add_subcommands as add_viz_subcommands
 
     add_viz_subcommands(sub)  # sim, dashboard, heatmap, rerank
+    from primekit.experiment.cli import add_subcommand as add_experiment_subcommand
+
+    add_experiment_subcommand(sub)  # experiment
     p = sub.add_parser("export", help="a checkpoint's models as plain Hugging Face directories")
     p.add_argument("run_dir", help="the run directory (its checkpoints/ are read)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if dispatch_viz(args):
             return 0
+        if args.command == "experiment":
+            from primekit.experiment.cli import run as run_experiment
+
+            return run_experiment(args, main)
         if args.command == "export":
             _export(args)
             return 0

@@ -1,0 +1,70 @@
+"""`primekit experiment SPEC` and `primekit experiment --list` (docs/experiments/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from primekit.logging import console
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("experiment", help="a named comparison (arms x seeds x task families) of "
+                       "primekit train runs, resumable, with report.md, plots and a verdict")
+    p.add_argument("spec", nargs="?", help="spec YAML file or packaged spec name (see --list)")
+    p.add_argument("--list", action="store_true", help="the packaged specs and their claims")
+    p.add_argument("--out", default=None,
+                   help="experiment directory (default: runs/experiments/<spec name>)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="runs side by side, each with train.threads = cores // N (default 1)")
+    p.add_argument("--max-runs", type=int, default=None,
+                   help="start at most this many unfinished runs, then report (a piece)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write report.md and plots from the finished runs; start nothing")
+    p.add_argument("--no-plots", action="store_true", help="report.md without the PNG plots")
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+
+
+def list_specs() -> list[str]:
+    """One line per packaged spec: name, arms x seeds x tasks, the claim and the paper's figure."""
+    from primekit.experiment.spec import load_spec, packaged_specs
+
+    lines = []
+    for name in packaged_specs():
+        s = load_spec(name, check_runs=False)
+        n = len(s.arms) * len(s.seeds) * len(s.tasks)
+        paper = f" [{s.paper}]" if s.paper else ""
+        lines.append(f"{name}: {s.claim}{paper} ({len(s.arms)} arms x {len(s.seeds)} seeds x "
+                     f"{len(s.tasks)} tasks = {n} runs)")
+    return lines
+
+
+def run(args, main=None) -> int:
+    """`primekit experiment`; `main` is the CLI's entry, used for --in-process runs."""
+    from primekit.experiment.report import write_report
+    from primekit.experiment.runner import FINISHED, default_out_dir, run_experiment
+    from primekit.experiment.spec import SpecError, load_spec
+
+    if args.list:
+        for line in list_specs():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return 0
+    if args.spec is None:
+        raise SpecError("experiment: give a spec (a YAML file or a packaged name) or --list")
+    if args.parallel < 1:
+        raise SpecError(f"--parallel: expected at least 1, got {args.parallel}")
+    spec = load_spec(args.spec)
+    out = Path(args.out) if args.out else default_out_dir(spec)
+    failed = []
+    if not args.report_only:
+        result = run_experiment(spec, out, parallel=args.parallel, in_process=main if args.in_process else None,
+                                max_runs=args.max_runs)
+        failed = [k for k, v in result.items() if v != FINISHED]
+    report = write_report(spec, out, plots=not args.no_plots)
+    console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)
+    if failed:
+        console.print(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in {out / 'logs'}); "
+                      "run the same command again to retry them", markup=False, highlight=False,
+                      soft_wrap=True)
+        return 1
+    return 0

@@ -1,0 +1,224 @@
+"""The experiment's report: reads only the runs' metrics.jsonl (docs/metrics.md) and writes
+`report.md` and `plots/*.png` in the experiment directory.
+
+Per task family and arm, over the seeds that finished: the final value of each metric (eval/
+keys: the final evaluation; per-step keys: the mean over the last `verdict.window` steps) as a
+mean with its 95% t-interval; steps-to-threshold of the verdict's metric; then one verdict per
+(task family, treatment, baseline) by the spec's rule (primekit.experiment.spec.Verdict), and
+one for the claim:
+reproduced when every row is reproduced, not reproduced when none is and one is not, mixed when
+rows disagree, inconclusive otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from primekit.experiment import stats
+from primekit.experiment.runlog import TRAIN_SECONDS, RunLog, match_keys, read_run
+from primekit.experiment.spec import MIN_SEEDS, Run, Spec, Verdict
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, MIXED = (
+    "reproduced", "not reproduced", "inconclusive at this budget", "mixed")
+
+# Final-metrics table: the keys shown when any run logs them (eval/avg@k matched by prefix).
+TABLE_METRICS = ("eval/pass@1_greedy", "eval/avg@", "eval/pass@", "reward/outcome_mean_sampled",
+                 "prm/acc_pairwise", "prm/acc_abs", "prm/loss", "response/len_mean",
+                 "hack/repeated_step_share", "hack/dense_success_corr")
+@dataclass
+class Row:
+    """One verdict row: a (treatment, baseline) pair on one task family."""
+
+    task: str
+    treatment: str
+    baseline: str
+    estimate: stats.Interval | None
+    verdict: str
+    reason: str
+    detail: str = ""
+
+
+def decide(v: Verdict, interval: stats.Interval | None, n_min: int,
+           censored: tuple[int, int] = (0, 0)) -> tuple[str, str]:
+    """The verdict and its reason for one row (see Verdict). `censored`: runs of (treatment,
+    baseline) that never reached the threshold (steps-ratio only)."""
+    if interval is None:
+        return INCONCLUSIVE, "no finished runs to compare"
+    if n_min < MIN_SEEDS:
+        return INCONCLUSIVE, f"only {n_min} finished seed(s) in an arm (need {MIN_SEEDS})"
+    sign = 1.0 if v.direction == "greater" else -1.0
+    lo, hi = sorted((sign * interval.lo, sign * interval.hi))
+    b = sign * v.boundary
+    ci = f"95% interval [{interval.lo:.3g}, {interval.hi:.3g}]"
+    side = ">" if sign > 0 else "<"
+    if v.min_effect is not None and hi < sign * v.min_effect:
+        verdict, reason = NOT_REPRODUCED, f"{ci} excludes the claimed effect {v.min_effect:g}"
+    elif lo > b:
+        verdict, reason = REPRODUCED, f"{ci} lies wholly {side} {v.boundary:g}"
+    elif hi < b:
+        verdict, reason = NOT_REPRODUCED, f"{ci} lies wholly on the other side of {v.boundary:g}"
+    else:
+        verdict, reason = INCONCLUSIVE, f"{ci} straddles {v.boundary:g}"
+    t_cens, b_cens = censored
+    # A censored treatment run counts too few steps (the ratio is overstated); a censored
+    # baseline run too few for the baseline (the ratio is understated).
+    if verdict == REPRODUCED and t_cens:
+        return INCONCLUSIVE, (f"{reason}, but {t_cens} treatment run(s) never reached the "
+                              f"threshold, so the ratio is only an upper bound")
+    if verdict == NOT_REPRODUCED and b_cens and v.rule == "steps-ratio":
+        return INCONCLUSIVE, (f"{reason}, but {b_cens} baseline run(s) never reached the "
+                              f"threshold, so the ratio is only a lower bound")
+    return verdict, reason
+
+
+def overall(rows: list[Row]) -> str:
+    kinds = {r.verdict for r in rows}
+    if not rows:
+        return INCONCLUSIVE
+    if kinds == {REPRODUCED}:
+        return REPRODUCED
+    if REPRODUCED in kinds and NOT_REPRODUCED in kinds:
+        return MIXED
+    if NOT_REPRODUCED in kinds and REPRODUCED not in kinds:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def verdict_rows(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[Row]:
+    v = spec.verdict
+    rows = []
+    for task in spec.tasks:
+        for treatment, baseline in v.compare:
+            t_logs = [g for g in logs.get((task, treatment), []) if v.metric in g.series]
+            b_logs = [g for g in logs.get((task, baseline), []) if v.metric in g.series]
+            n_min = min(len(t_logs), len(b_logs))
+            if n_min == 0:
+                rows.append(Row(task, treatment, baseline, None, INCONCLUSIVE,
+                                f"no finished run logs {v.metric} in both arms"))
+                continue
+            if v.rule == "difference":
+                t_final = [g.final(v.metric, v.window) for g in t_logs]
+                b_final = [g.final(v.metric, v.window) for g in b_logs]
+                est = stats.welch_interval(t_final, b_final)
+                verdict, reason = decide(v, est, n_min)
+                detail = (f"final {v.metric}: {treatment} {np.mean(t_final):.3f}, "
+                          f"{baseline} {np.mean(b_final):.3f} (difference, Welch 95% interval)")
+            else:
+                thr = (float(np.mean([g.final(v.metric, v.window) for g in b_logs]))
+                       if v.threshold == "baseline-final" else float(v.threshold))
+                t_x = [stats.steps_to_threshold(*g.series[v.metric], thr, v.window)
+                       for g in t_logs]
+                b_x = [stats.steps_to_threshold(*g.series[v.metric], thr, v.window)
+                       for g in b_logs]
+                est = stats.bootstrap_ratio([c.step for c in b_x], [c.step for c in t_x],
+                                            n_boot=v.bootstrap, seed=v.seed)
+                cens = (sum(c.censored for c in t_x), sum(c.censored for c in b_x))
+                verdict, reason = decide(v, est, n_min, cens)
+                detail = (f"threshold {thr:.3f} ({v.threshold}) on the {v.window}-step trailing "
+                          f"mean of {v.metric}; steps: {treatment} "
+                          f"{[c.step for c in t_x]} ({cens[0]} censored), {baseline} "
+                          f"{[c.step for c in b_x]} ({cens[1]} censored); ratio = mean "
+                          f"{baseline} steps / mean {treatment} steps, bootstrap 95% interval "
+                          f"({v.bootstrap} resamples, seed {v.seed})")
+            rows.append(Row(task, treatment, baseline, est, verdict, reason, detail))
+    return rows
+
+
+def collect(spec: Spec, out_dir: Path) -> tuple[dict[tuple[str, str], list[RunLog]],
+                                                list[Run], list[Run]]:
+    """(task, arm) -> the finished runs' logs; the finished runs; the unfinished ones."""
+    from primekit.experiment.runner import FINISHED, run_state
+
+    logs: dict[tuple[str, str], list[RunLog]] = {}
+    done, left = [], []
+    for run in spec.runs(out_dir):
+        if run_state(run.run_dir, run.config(spec)) != FINISHED:
+            left.append(run)
+            continue
+        log = read_run(run.run_dir)
+        if log is None:
+            left.append(run)
+            continue
+        done.append(run)
+        logs.setdefault((run.task, run.arm), []).append(log)
+    return logs, done, left
+
+
+def _fmt_wall(seconds: float) -> str:
+    from primekit.logging import _fmt_duration
+
+    return _fmt_duration(seconds)
+
+
+def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
+    """report.md (and plots/*.png) for whatever runs of `spec` have finished in `out_dir`."""
+    logs, done, left = collect(spec, out_dir)
+    rows = verdict_rows(spec, logs)
+    claim_verdict = overall(rows)
+    all_logs = [g for gs in logs.values() for g in gs]
+    figures = []
+    if plots and all_logs:
+        from primekit.experiment.plots import plot_all
+
+        figures = plot_all(spec, logs, out_dir / "plots")
+    wall = sum(g.wall_s for g in all_logs)
+    v = spec.verdict
+    lines = [
+        f"# {spec.name}: {spec.claim}", "",
+        f"**Verdict: {claim_verdict}.**", "",
+        f"- Paper: {spec.paper or '(not given)'}",
+        f"- Rule: {v.rule} of `{v.metric}`, direction {v.direction}, boundary {v.boundary:g}"
+        + (f", claimed effect {v.min_effect:g}" if v.min_effect is not None else "")
+        + f"; fewer than {MIN_SEEDS} seeds per arm is inconclusive.",
+        f"- Spec: `{spec.path}`; base config `{spec.base}`; common overrides: "
+        f"`{' '.join(spec.overrides) or '(none)'}`",
+        f"- Budget: {spec.budget or '(not stated)'}",
+        f"- Seeds: {spec.seeds}; task families: "
+        + "; ".join(f"{t} (`{' '.join(o) or 'base'}`)" for t, o in spec.tasks.items()),
+        "- Arms: " + "; ".join(f"{a} (`{' '.join(o) or 'base'}`)" for a, o in spec.arms.items()),
+        f"- Runs finished: {len(done)} of {len(done) + len(left)}"
+        + (f" (not finished: {', '.join(r.run_id for r in left[:6])}"
+           f"{' ...' if len(left) > 6 else ''})" if left else ""),
+        f"- Wall-clock of the finished runs (from their metrics.jsonl, summed): {_fmt_wall(wall)}",
+        f"- Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {out_dir}", "",
+        "## Verdicts", "",
+        "| task family | treatment vs baseline | estimate [95% interval] | verdict | reason |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        est = r.estimate.fmt() if r.estimate is not None else "-"
+        lines.append(f"| {r.task} | {r.treatment} vs {r.baseline} | {est} | {r.verdict} | "
+                     f"{r.reason} |")
+    lines.append("")
+    lines += [f"- {r.task}, {r.treatment} vs {r.baseline}: {r.detail}" for r in rows if r.detail]
+    lines += ["", "## Final metrics (mean [95% t-interval] over seeds, n seeds)", "",
+              f"Per-step metrics: mean over the last {v.window} steps of each run; eval/ "
+              "metrics: the final evaluation; train seconds: the sum of timing/step.", ""]
+    keys = [k for prefix in TABLE_METRICS for k in match_keys(all_logs, prefix)] + [TRAIN_SECONDS]
+    keys = [k for k in dict.fromkeys(keys) if any(k in g.series for g in all_logs)]
+    for task in spec.tasks:
+        lines += [f"### {task}", "", "| arm | n | " + " | ".join(f"`{k}`" for k in keys) + " |",
+                  "|---|---|" + "---|" * len(keys)]
+        for arm in spec.arms:
+            gs = logs.get((task, arm), [])
+            cells = []
+            for k in keys:
+                vals = [x for g in gs if (x := g.final(k, v.window)) is not None
+                        and math.isfinite(x)]
+                cells.append(stats.t_interval(vals).fmt() if vals else "-")
+            lines.append(f"| {arm} | {len(gs)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if figures:
+        lines += ["## Plots", "",
+                  "Each arm's mean over seeds with its 95% t-interval band (per-step metrics "
+                  f"smoothed by a trailing {v.window}-step mean first).", ""]
+        lines += [f"![{p.stem}](plots/{p.name})" for p in figures]
+        lines.append("")
+    out = out_dir / "report.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out

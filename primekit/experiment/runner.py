@@ -1,0 +1,345 @@
+"""Run an experiment: every (task, arm, seed) of a spec as an ordinary `primekit train` run.
+
+Layout of an experiment directory (default `runs/experiments/<spec name>`):
+
+    spec.yaml                 the spec as it was last run (a copy)
+    .lock                     held while an experiment process runs here (a second is refused)
+    sft/<task>/               the SFT model of each task family (spec key `sft`), if any
+    runs/<task>--<arm>--s<seed>/   one ordinary run directory each (metrics.jsonl, checkpoints/,
+                              final/)
+    logs/<run id>.log         each run's own output, appended per attempt
+    attempts.jsonl            one line per attempt: run, exit status, seconds, how it started
+    report.md, plots/         written after the runs (primekit.experiment.report)
+
+A run is finished when its own final files say so (`run_state`): its newest complete checkpoint is
+at `train.steps`, its metrics.jsonl holds the final evaluation at that step, and `final/` exists
+(with `train.export_final`). Finished runs are never started again; a run with a checkpoint
+continues with `primekit train --resume` (the trainer's own config check refuses a spec that
+changed the experiment); a run directory without a checkpoint is started again with
+`--overwrite` (there is nothing in it to keep).
+
+Each run is a subprocess (`python -m primekit.cli train ...`, in its own session): a crash, an
+out-of-memory kill or a hung run takes down that run only, and the next runs go on. A first
+SIGINT/SIGTERM to the experiment forwards one SIGINT to each running run (the trainer then saves a
+checkpoint at the end of its step and exits), waits for them, and stops; run the same command
+again to continue. `in_process=main` calls the given CLI entry (`primekit.cli.main`, handed in by
+the caller: this package does not import the CLI that imports it) in this process instead: no
+isolation and no parallel runs; the tests use it to skip a ~10 s Python start per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from primekit.config import Config
+from primekit.experiment.spec import Run, Spec, SpecError, sft_dir
+from primekit.logging import console
+
+FINISHED, RESUME, RESTART, FRESH = "finished", "resume", "restart", "fresh"
+
+
+def default_out_dir(spec: Spec) -> Path:
+    return Path("runs") / "experiments" / spec.name
+
+
+def _checkpoint_step(run_dir: Path) -> tuple[int | None, dict | None]:
+    """(step, stored config) of the newest complete checkpoint; (None, None) without one."""
+    from primekit.trainer import checkpoint as ckpt
+
+    path = ckpt.latest_checkpoint(run_dir)
+    if path is None:
+        return None, None
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    return int(state.get("step", -1)), state.get("config")
+
+
+def final_eval_step(run_dir: Path) -> int | None:
+    """The step of the last metrics.jsonl line that holds an evaluation (eval/ keys), or None."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    last = None
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by a crash
+            continue
+        if any(k.startswith("eval/") for k in row):
+            last = int(row["step"])
+    return last
+
+
+def run_state(run_dir: Path, cfg: Config) -> str:
+    """FINISHED, RESUME (a checkpoint to continue), RESTART (files but no checkpoint) or FRESH."""
+    step, _ = _checkpoint_step(run_dir)
+    steps = cfg.train.steps
+    if (step == steps and final_eval_step(run_dir) == steps
+            and (not cfg.train.export_final or (run_dir / "final").is_dir())):
+        return FINISHED
+    if step is not None:
+        return RESUME
+    contents = [p for p in run_dir.iterdir() if p.name != ".lock"] if run_dir.is_dir() else []
+    return RESTART if contents else FRESH
+
+
+def check_finished_config(run: Run, cfg: Config) -> None:
+    """A finished run must have been trained with this spec's config for it (up to the fields a
+    resume may change): a run left by an edited spec is refused, not silently reused."""
+    from primekit.trainer.rundir import config_changes
+
+    _, saved = _checkpoint_step(run.run_dir)
+    if saved is None:
+        return
+    refused, _ = config_changes(saved, cfg.to_dict())
+    if refused:
+        raise SpecError(f"run {run.run_id}: {run.run_dir} was trained with another config than "
+                        f"the spec now gives ({'; '.join(refused[:3])}); give a new --out or "
+                        f"delete that run directory")
+
+
+@dataclass
+class Launch:
+    """One started attempt of a run (or of a task family's SFT)."""
+
+    name: str
+    argv: list[str]  # primekit CLI arguments
+    log: Path
+    how: str  # FRESH / RESUME / RESTART / "sft"
+    start: float = 0.0
+    proc: subprocess.Popen | None = None
+    rc: int | None = None
+
+
+def train_argv(spec: Spec, run: Run, how: str, threads: int | None) -> list[str]:
+    argv = ["train"]
+    base = spec.base_path()
+    if base is not None:
+        argv += ["--config", str(base)]
+    argv += {RESUME: ["--resume"], RESTART: ["--overwrite"]}.get(how, [])
+    extra = [f"train.threads={threads}"] if threads is not None else []
+    return argv + run.overrides + extra
+
+
+InProcess = Callable[[list[str]], int] | None  # primekit.cli.main, or None for subprocesses
+
+
+def _start(launch: Launch, in_process: InProcess) -> None:
+    launch.log.parent.mkdir(parents=True, exist_ok=True)
+    launch.start = time.time()
+    header = (f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {launch.how}: primekit "
+              f"{' '.join(launch.argv)}\n")
+    with open(launch.log, "a", encoding="utf-8") as f:
+        f.write(header)
+    if in_process is not None:
+        try:
+            launch.rc = in_process(list(launch.argv))
+        except Exception:  # a crash of this run only: its traceback goes to its log
+            import traceback
+
+            with open(launch.log, "a", encoding="utf-8") as f:
+                f.write(traceback.format_exc())
+            launch.rc = 1
+        return
+    log = open(launch.log, "a", encoding="utf-8")  # noqa: SIM115 (the child holds it)
+    code = "import sys; from primekit.cli import main; sys.exit(main())"
+    launch.proc = subprocess.Popen([sys.executable, "-c", code, *launch.argv], stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # our Ctrl-C is forwarded, once
+    log.close()
+
+
+class Display:
+    """Runs done / running / left, failures and an ETA: a rich bar on a terminal, plain lines
+    otherwise (and in-process, where the trainer prints its own bar)."""
+
+    def __init__(self, total: int, done: int, parallel: int, live: bool):
+        self.total, self.done, self.parallel = total, done, parallel
+        self.failed, self.running = 0, []
+        self.durations: list[float] = []
+        self._bar = None
+        if live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._bar = Progress(TextColumn("experiment"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), console=console)
+            self._task = self._bar.add_task("runs", total=total, completed=done, info="")
+            self._bar.start()
+
+    def eta(self) -> str:
+        from primekit.logging import _fmt_duration
+
+        left = self.total - self.done - self.failed
+        if not self.durations:
+            return "?"
+        # Mean seconds per run this session; the running runs are counted as half done.
+        per_run = sum(self.durations) / len(self.durations)
+        remaining = max(0.0, (left - 0.5 * len(self.running)) * per_run / self.parallel)
+        return _fmt_duration(remaining)
+
+    def info(self) -> str:
+        left = self.total - self.done - self.failed - len(self.running)
+        failed = f" · failed {self.failed}" if self.failed else ""
+        return (f"done {self.done} · running {len(self.running)} · left {left}{failed} · "
+                f"eta {self.eta()}")
+
+    def event(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, info=self.info())
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            console.print(f"{text} [{self.done}/{self.total}; {self.info()}]", markup=False,
+                          highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def threads_per_run(parallel: int, cores: int | None = None) -> int | None:
+    """train.threads for `parallel` runs side by side: cores // parallel (at least 1); None
+    (the config's own) for one run at a time."""
+    if parallel <= 1:
+        return None
+    return max(1, (cores or os.cpu_count() or 1) // parallel)
+
+
+def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: InProcess = None,
+                   max_runs: int | None = None,
+                   on_launch: Callable[[Launch], None] | None = None) -> dict[str, str]:
+    """Run what is left of `spec` in `out_dir`; returns run id -> FINISHED or "failed (rc N)".
+
+    `max_runs` stops after starting that many runs (a piece of a long experiment); `on_launch`
+    is called with each launch before it starts (the tests count launches with it)."""
+    from primekit.trainer.rundir import lock
+
+    if in_process is not None and parallel > 1:
+        raise SpecError("--parallel: runs side by side need subprocesses (not --in-process)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with lock(out_dir, "experiment --out"):
+        if spec.path is not None:
+            shutil.copyfile(spec.path, out_dir / "spec.yaml")
+        _run_sft(spec, out_dir, in_process, on_launch)
+        runs = spec.runs(out_dir)
+        configs = {r.run_id: r.config(spec) for r in runs}
+        states = {r.run_id: run_state(r.run_dir, configs[r.run_id]) for r in runs}
+        for r in runs:
+            if states[r.run_id] == FINISHED:
+                check_finished_config(r, configs[r.run_id])
+        todo = [r for r in runs if states[r.run_id] != FINISHED]
+        if max_runs is not None:
+            todo = todo[:max_runs]
+        result = {r.run_id: FINISHED for r in runs if states[r.run_id] == FINISHED}
+        display = Display(len(runs), len(result), parallel,
+                          live=console.is_terminal and in_process is None)
+        display.event(f"experiment {spec.name}: {len(runs)} runs ({len(spec.tasks)} task "
+                      f"families x {len(spec.arms)} arms x {len(spec.seeds)} seeds), "
+                      f"{len(result)} already finished, in {out_dir}")
+        try:
+            _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch)
+        finally:
+            display.close()
+        return result
+
+
+def _run_sft(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> None:
+    """One `primekit sft` per task family (spec key `sft`), skipped when its model exists (sft
+    replaces its output directory whole at the end, so an existing one is complete)."""
+    if spec.sft is None:
+        return
+    base = spec.base_path()
+    for task in spec.tasks:
+        target = sft_dir(out_dir, task)
+        if (target / "config.json").is_file():
+            continue
+        argv = ["sft"] + (["--config", str(base)] if base is not None else [])
+        launch = Launch(f"sft-{task}", argv + spec.sft_overrides(out_dir, task),
+                        out_dir / "logs" / f"sft-{task}.log", "sft")
+        if on_launch is not None:
+            on_launch(launch)
+        console.print(f"experiment: SFT for task family {task} -> {target}", markup=False)
+        _start(launch, in_process)
+        rc = launch.rc if in_process is not None else launch.proc.wait()
+        _record(out_dir, launch, rc)
+        if rc != 0:
+            raise SpecError(f"sft for task {task} failed (exit status {rc}); see {launch.log}")
+
+
+def _record(out_dir: Path, launch: Launch, rc: int) -> None:
+    row = {"run": launch.name, "how": launch.how, "rc": rc,
+           "seconds": round(time.time() - launch.start, 1), "end": round(time.time(), 1)}
+    with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch) -> None:
+    threads = threads_per_run(parallel)
+    queue = list(todo)
+    running: list[tuple[Run, Launch]] = []
+
+    def finish(run: Run, launch: Launch, rc: int) -> None:
+        _record(out_dir, launch, rc)
+        display.running = [n for n in display.running if n != run.run_id]
+        if rc == 0:
+            display.done += 1
+            display.durations.append(time.time() - launch.start)
+            result[run.run_id] = FINISHED
+            display.event(f"finished {run.run_id} ({time.time() - launch.start:.0f} s)")
+        else:
+            display.failed += 1
+            result[run.run_id] = f"failed (rc {rc})"
+            display.event(f"FAILED {run.run_id} (exit status {rc}; log {launch.log})")
+
+    previous = signal.getsignal(signal.SIGTERM)
+    if in_process is None:  # SIGTERM stops the experiment like Ctrl-C (forwarded to the runs)
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        while queue or running:
+            while queue and len(running) < parallel:
+                run = queue.pop(0)
+                launch = Launch(run.run_id, train_argv(spec, run, states[run.run_id], threads),
+                                out_dir / "logs" / f"{run.run_id}.log", states[run.run_id])
+                if on_launch is not None:
+                    on_launch(launch)
+                display.running.append(run.run_id)
+                display.event(f"start {run.run_id} ({launch.how})")
+                _start(launch, in_process)
+                if in_process is not None:
+                    finish(run, launch, launch.rc)
+                else:
+                    running.append((run, launch))
+            for run, launch in list(running):
+                rc = launch.proc.poll()
+                if rc is not None:
+                    running.remove((run, launch))
+                    finish(run, launch, rc)
+            if running:
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        for _, launch in running:  # one SIGINT each: the trainer checkpoints and exits
+            if launch.proc.poll() is None:
+                launch.proc.send_signal(signal.SIGINT)
+        for _, launch in running:
+            rc = launch.proc.wait()
+            _record(out_dir, launch, rc)
+        display.event(f"stopped: {len(running)} running run(s) asked to checkpoint and stop; "
+                      f"run the same command again to continue")
+        raise
+    finally:
+        if in_process is None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,315 @@
+"""An experiment spec: a claim, and the runs that test it, as data (docs/experiments/README.md).
+
+A spec is a YAML file:
+
+    name: prime-vs-rloo                       # the experiment's directory name
+    claim: PRIME reaches RLOO's final training reward in fewer steps
+    paper: "PRIME Fig. 3: 2.5x sample efficiency, +6.9% final training reward"
+    base: tiny                                # packaged config name or YAML path
+    overrides: {train.steps: 60}              # every run
+    sft: {sft.steps: 1000}                    # optional: one `primekit sft` per task family
+    tasks:                                    # task families: name -> overrides
+      arith-2-4: {data.min_operands: 2, data.max_operands: 4}
+    arms:                                     # arm name -> overrides
+      prime: {algorithm.reward_mode: prime}
+      rloo: {algorithm.reward_mode: outcome}
+    seeds: [0, 1, 2]                          # train.seed of each run (or a count: 3)
+    verdict:
+      rule: steps-ratio                       # or: difference
+      metric: reward/outcome_mean_sampled
+      compare: [[prime, rloo]]                # [treatment, baseline] pairs
+      ...                                     # see Verdict
+    budget: 60 steps x 32 prompts x 4 samples, eval on 200 problems
+
+Overrides are a mapping of dotted config fields to values, or a list of `field=value` strings.
+Each run is configured as base <- overrides <- the task's <- the arm's <- train.seed, and every
+run's config is built (and so validated by primekit.config) when the spec is loaded: an unknown
+key or a bad override is one `SpecError` line naming the spec file and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from primekit.config import Config, ConfigError, load_config, resolve_config
+
+# The packaged specs, found by name with `primekit experiment NAME`.
+SPEC_DIR = Path(__file__).parent / "specs"
+
+RULES = ("steps-ratio", "difference")
+DIRECTIONS = ("greater", "less")
+MIN_SEEDS = 3  # fewer seeds per arm than this: the verdict is "inconclusive" whatever the numbers
+
+
+class SpecError(ConfigError):
+    """A spec that cannot run; one line naming the spec file and the key."""
+
+
+@dataclass
+class Verdict:
+    """How a claim is decided, per (treatment, baseline) pair and task family.
+
+    rule "difference": the treatment's final `metric` minus the baseline's, mean over seeds, with
+    a 95% Welch t-interval. rule "steps-ratio": the baseline's mean steps-to-threshold divided by
+    the treatment's (how many times fewer steps the treatment needs), with a 95% seeded bootstrap
+    interval over seeds; `threshold` is a number, or "baseline-final": the baseline's mean final
+    smoothed metric (the paper's "steps to reach RLOO's final reward").
+
+    Reproduced when the interval lies wholly beyond `boundary` in `direction`; not reproduced when
+    it lies wholly on the other side, or when it excludes `min_effect` (the smallest effect that
+    would count as the claim, e.g. the paper's number); inconclusive otherwise, and whenever an
+    arm has fewer than MIN_SEEDS finished seeds.
+    """
+
+    metric: str
+    compare: list[list[str]]
+    rule: str = "difference"
+    boundary: float | None = None  # default 0 for difference, 1 for steps-ratio
+    direction: str = "greater"
+    min_effect: float | None = None
+    # Final value of a per-step metric: mean over the last `window` steps (eval/ metrics: the
+    # final evaluation). Steps-to-threshold: the first step whose trailing `window`-step mean
+    # reaches the threshold.
+    window: int = 10
+    threshold: float | str = "baseline-final"
+    bootstrap: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.boundary is None:
+            self.boundary = 1.0 if self.rule == "steps-ratio" else 0.0
+
+
+@dataclass
+class Spec:
+    name: str
+    claim: str
+    base: str
+    arms: dict[str, list[str]]
+    seeds: list[int]
+    verdict: Verdict
+    paper: str = ""
+    overrides: list[str] = field(default_factory=list)
+    tasks: dict[str, list[str]] = field(default_factory=lambda: {"default": []})
+    sft: list[str] | None = None
+    budget: str = ""
+    path: Path | None = None  # the file it was read from
+
+    def base_path(self) -> Path | None:
+        return resolve_config(self.base)
+
+    def runs(self, out_dir: Path) -> list[Run]:
+        """Every (task, arm, seed) run, task-major, then seed, then arm: interleaving the arms
+        gives a comparison with every arm after the first few runs."""
+        out = []
+        for task, task_ovr in self.tasks.items():
+            sft = [f"model.policy={sft_dir(out_dir, task)}"] if self.sft is not None else []
+            for seed in self.seeds:
+                for arm, arm_ovr in self.arms.items():
+                    run_id = f"{task}--{arm}--s{seed}"
+                    run_dir = out_dir / "runs" / run_id
+                    ovr = [*self.overrides, *task_ovr, *sft, *arm_ovr, f"train.seed={seed}",
+                           f"train.run_dir={run_dir}"]
+                    out.append(Run(task, arm, seed, run_id, run_dir, ovr))
+        return out
+
+    def sft_overrides(self, out_dir: Path, task: str) -> list[str]:
+        """The `primekit sft` overrides of one task family (spec.sft set)."""
+        return [*self.overrides, *self.tasks[task], *(self.sft or []),
+                f"sft.out_dir={sft_dir(out_dir, task)}"]
+
+
+@dataclass
+class Run:
+    task: str
+    arm: str
+    seed: int
+    run_id: str
+    run_dir: Path
+    overrides: list[str]  # on top of the spec's base config
+
+    def config(self, spec: Spec) -> Config:
+        return load_config(spec.base_path(), self.overrides)
+
+
+def sft_dir(out_dir: Path, task: str) -> Path:
+    return out_dir / "sft" / task
+
+
+_KEYS = {f.name for f in dataclasses.fields(Spec)} - {"path"}
+_REQUIRED = ("name", "claim", "base", "arms", "seeds", "verdict")
+_VERDICT_KEYS = {f.name for f in dataclasses.fields(Verdict)}
+
+
+def _value_text(value: Any) -> str:
+    # JSON is YAML: the override parser reads it back as the same value (strings stay strings).
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _overrides(raw: Any, where: str, err) -> list[str]:
+    """A mapping {field: value} or a list of "field=value" strings -> "field=value" strings."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        out = []
+        for key, value in raw.items():
+            if not isinstance(key, str) or key.count(".") != 1:
+                raise err(f"{where}: override key {key!r} is not section.field (e.g. prm.beta)")
+            out.append(f"{key}={_value_text(value)}")
+        return out
+    if isinstance(raw, list) and all(isinstance(x, str) and "=" in x for x in raw):
+        return list(raw)
+    raise err(f"{where}: expected a mapping of section.field: value (or a list of "
+              f"'section.field=value' strings), got {raw!r}")
+
+
+def packaged_specs() -> list[str]:
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def resolve_spec(name: str) -> Path:
+    """A spec file path, or the name of a packaged spec."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = SPEC_DIR / f"{name}.yaml"
+    if packaged.is_file():
+        return packaged
+    raise SpecError(f"experiment: {name!r} is neither a spec file nor a packaged spec "
+                    f"({', '.join(packaged_specs())})")
+
+
+def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
+    """Read and validate a spec; with `check_runs`, build every run's config (validating every
+    override against primekit.config) and refuse anything that cannot run, in one line."""
+    path = resolve_spec(str(name))
+
+    def err(msg: str) -> SpecError:
+        return SpecError(f"{path}: {msg}")
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise err(f"not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise err(f"expected a mapping of spec keys, got {type(data).__name__}")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise err(f"unknown key {unknown[0]!r}; valid: {sorted(_KEYS)}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise err(f"missing key {missing[0]!r}")
+    for key in ("name", "claim", "base"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise err(f"{key}: expected a non-empty string, got {data[key]!r}")
+    if "/" in data["name"] or data["name"].startswith("."):
+        raise err(f"name: {data['name']!r} must be a plain directory name")
+    arms = data["arms"]
+    if not isinstance(arms, dict) or len(arms) < 2:
+        raise err(f"arms: expected a mapping of at least two arm names to overrides, got {arms!r}")
+    arm_ovr = {str(a): _overrides(o, f"arms.{a}", err) for a, o in arms.items()}
+    tasks_raw = data.get("tasks") or {"default": {}}
+    if not isinstance(tasks_raw, dict):
+        raise err(f"tasks: expected a mapping of task family names to overrides, got {tasks_raw!r}")
+    tasks = {str(t): _overrides(o, f"tasks.{t}", err) for t, o in tasks_raw.items()}
+    for what, names in (("arms", arm_ovr), ("tasks", tasks)):
+        bad = [n for n in names if not n or "/" in n or "--" in n or n.startswith(".")]
+        if bad:
+            raise err(f"{what}.{bad[0]}: a name must be non-empty, without '/', '--' or a "
+                      f"leading '.'")
+    seeds = data["seeds"]
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
+        seeds = list(range(seeds))
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise err(f"seeds: expected a positive count or a list of distinct integers, got {seeds!r}")
+    verdict_raw = data["verdict"]
+    if not isinstance(verdict_raw, dict):
+        raise err(f"verdict: expected a mapping, got {verdict_raw!r}")
+    unknown = sorted(set(verdict_raw) - _VERDICT_KEYS)
+    if unknown:
+        raise err(f"verdict.{unknown[0]}: unknown key; valid: {sorted(_VERDICT_KEYS)}")
+    for key in ("metric", "compare"):
+        if key not in verdict_raw:
+            raise err(f"verdict: missing key {key!r}")
+    try:
+        verdict = Verdict(**verdict_raw)
+    except (TypeError, ValueError) as e:
+        raise err(f"verdict: {e}") from None
+    _check_verdict(verdict, arm_ovr, err)
+    sft = data.get("sft")
+    spec = Spec(
+        name=data["name"], claim=data["claim"].strip(), base=data["base"], arms=arm_ovr,
+        seeds=seeds, verdict=verdict, paper=str(data.get("paper") or "").strip(),
+        overrides=_overrides(data.get("overrides"), "overrides", err), tasks=tasks,
+        sft=None if sft is None or sft is False else _overrides(sft if sft is not True else {},
+                                                                "sft", err),
+        budget=str(data.get("budget") or "").strip(), path=path)
+    try:
+        spec.base_path()
+    except ConfigError as e:
+        raise err(f"base: {e}") from None
+    if check_runs:
+        _check_runs(spec, err)
+    return spec
+
+
+def _check_verdict(v: Verdict, arms: dict[str, list[str]], err) -> None:
+    if v.rule not in RULES:
+        raise err(f"verdict.rule: {v.rule!r} is not one of {list(RULES)}")
+    if v.direction not in DIRECTIONS:
+        raise err(f"verdict.direction: {v.direction!r} is not one of {list(DIRECTIONS)}")
+    if not isinstance(v.metric, str) or "/" not in v.metric:
+        raise err(f"verdict.metric: expected a metric key like reward/outcome_mean_sampled "
+                  f"(docs/metrics.md), got {v.metric!r}")
+    if (not isinstance(v.compare, list) or not v.compare
+            or not all(isinstance(p, list) and len(p) == 2 for p in v.compare)):
+        raise err(f"verdict.compare: expected a list of [treatment, baseline] arm pairs, "
+                  f"got {v.compare!r}")
+    for pair in v.compare:
+        for arm in pair:
+            if arm not in arms:
+                raise err(f"verdict.compare: {arm!r} is not an arm; arms: {list(arms)}")
+    if not isinstance(v.window, int) or v.window < 1:
+        raise err(f"verdict.window: expected a positive integer, got {v.window!r}")
+    if not isinstance(v.bootstrap, int) or v.bootstrap < 100:
+        raise err(f"verdict.bootstrap: expected an integer >= 100, got {v.bootstrap!r}")
+    if not (v.threshold == "baseline-final" or isinstance(v.threshold, int | float)):
+        raise err(f"verdict.threshold: expected a number or 'baseline-final', got {v.threshold!r}")
+    if v.rule == "steps-ratio" and v.direction != "greater":
+        raise err("verdict.direction: steps-ratio is baseline steps / treatment steps; the claim "
+                  "that the treatment is faster is direction 'greater'")
+
+
+def _check_runs(spec: Spec, err) -> None:
+    """Build each task x arm config once (seeds and run directories cannot make one invalid); an
+    error is attributed to the layer that sets the field it names (the arm's, then the task's,
+    then the common overrides)."""
+    base = spec.base_path()
+    for task, task_ovr in spec.tasks.items():
+        if spec.sft is not None:
+            try:
+                load_config(base, spec.sft_overrides(Path("exp"), task))
+            except ConfigError as e:
+                raise err(f"sft (task {task}): {e}") from None
+        for arm, arm_ovr in spec.arms.items():
+            try:
+                load_config(base, [*spec.overrides, *task_ovr, *arm_ovr])
+            except ConfigError as e:
+                named = str(e).split(":", 1)[0].split("/")  # "prm.beta" or "filter.lo/filter.hi"
+                where = f"task {task}, arm {arm}"
+                for layer, ovr in ((f"arms.{arm}", arm_ovr), (f"tasks.{task}", task_ovr),
+                                   ("overrides", spec.overrides)):
+                    if any(o.split("=", 1)[0].strip() in named for o in ovr):
+                        where = layer
+                        break
+                raise err(f"{where}: {e}") from None

@@ -1,0 +1,111 @@
+"""`primekit experiment` end to end on the tiny model: 2 arms x 2 seeds x 2 steps, killed between
+runs, resumed without redoing the finished runs, an interrupted run continued with --resume, and
+the report with its plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from primekit.cli import main
+from primekit.experiment.report import write_report
+from primekit.experiment.runner import FINISHED, RESUME, run_experiment, run_state
+from primekit.experiment.spec import load_spec
+
+SMALL = {
+    "train.steps": 2, "train.prompts_per_step": 4, "train.save_every": 0, "train.threads": 1,
+    "train.report_to": [], "rollout.max_new_tokens": 16, "filter.enabled": False,
+    "prm.mini_batch_size": 16, "prm.micro_batch_size": 16, "policy.mini_batch_size": 8,
+    "policy.micro_batch_size": 8, "eval.num_problems": 4, "eval.k": 2, "data.num_train": 100,
+    "data.num_eval": 4,
+}
+
+
+def write_spec(path: Path, model: Path, **extra) -> Path:
+    spec = {
+        "name": "tiny-exp", "claim": "PRIME beats RLOO (test)", "paper": "PRIME Fig. 3",
+        "base": "tiny", "overrides": {**SMALL, "model.policy": str(model)},
+        "arms": {"prime": {"algorithm.reward_mode": "prime"},
+                 "rloo": {"algorithm.reward_mode": "outcome"}},
+        "seeds": [0, 1],
+        "verdict": {"rule": "difference", "metric": "reward/outcome_mean_sampled",
+                    "compare": [["prime", "rloo"]], "window": 2},
+        "budget": "2 steps x 4 prompts", **extra,
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+class Kill(Exception):
+    pass
+
+
+def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
+    spec = load_spec(write_spec(tmp_path / "spec.yaml", tiny_model_dir))
+    out = tmp_path / "exp"
+    runs = spec.runs(out)
+    assert [r.run_id for r in runs] == ["default--prime--s0", "default--rloo--s0",
+                                        "default--prime--s1", "default--rloo--s1"]
+    launches = []
+
+    def kill_at_third(launch):
+        launches.append((launch.name, launch.how))
+        if len(launches) == 3:
+            raise Kill  # the experiment process dies between its second and third run
+
+    with pytest.raises(Kill):
+        run_experiment(spec, out, in_process=main, on_launch=kill_at_third)
+    assert launches == [("default--prime--s0", "fresh"), ("default--rloo--s0", "fresh"),
+                        ("default--prime--s1", "fresh")]
+    assert [run_state(r.run_dir, r.config(spec)) for r in runs[:2]] == [FINISHED, FINISHED]
+    mtimes = {r.run_id: (r.run_dir / "metrics.jsonl").stat().st_mtime_ns for r in runs[:2]}
+    # The third run is interrupted after its first step: a checkpoint at step 1 of 2.
+    third = runs[2]
+    assert main(["train", "--config", "tiny", *third.overrides, "train.steps=1"]) == 0
+    assert run_state(third.run_dir, third.config(spec)) == RESUME
+
+    launches.clear()
+    result = run_experiment(spec, out, in_process=main, on_launch=lambda x: launches.append(
+        (x.name, x.how)))
+    assert launches == [("default--prime--s1", "resume"), ("default--rloo--s1", "fresh")]
+    assert result == {r.run_id: FINISHED for r in runs}
+    assert {r.run_id: (r.run_dir / "metrics.jsonl").stat().st_mtime_ns
+            for r in runs[:2]} == mtimes  # finished runs were not touched
+    steps = [json.loads(x)["step"] for x in (third.run_dir / "metrics.jsonl").read_text().split(
+        "\n") if x and "reward/outcome_mean_sampled" in x]
+    assert steps == [1, 2]  # one line per step: the resumed run continued at step 2
+
+    launches.clear()  # a third call finds nothing to do
+    run_experiment(spec, out, in_process=main, on_launch=lambda x: launches.append(x.name))
+    assert launches == []
+    attempts = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+    assert [a["rc"] for a in attempts] == [0, 0, 0, 0]
+
+    report = write_report(spec, out)
+    text = report.read_text()
+    assert "**Verdict: inconclusive at this budget.**" in text
+    assert "only 2 finished seed(s) in an arm (need 3)" in text
+    assert "Runs finished: 4 of 4" in text
+    plots = sorted(p.name for p in (out / "plots").glob("*.png"))
+    for name in ("train_reward.png", "train_reward_wall.png", "eval_greedy.png",
+                 "prm_abs.png", "response_len.png"):
+        assert name in plots
+        assert f"plots/{name}" in text
+    assert (out / "plots" / "train_reward.png").read_bytes()[:4] == b"\x89PNG"
+    # The final-metrics table has both arms with n = 2 seeds.
+    assert "| prime | 2 |" in text and "| rloo | 2 |" in text
+
+
+def test_cli_experiment_on_a_spec_file_writes_the_report(tiny_model_dir, tmp_path, capsys):
+    spec = write_spec(tmp_path / "one.yaml", tiny_model_dir, seeds=[0])
+    spec_text = yaml.safe_load(spec.read_text())
+    spec_text["overrides"]["train.steps"] = 1
+    spec.write_text(yaml.safe_dump(spec_text))
+    out = tmp_path / "exp"
+    assert main(["experiment", str(spec), "--out", str(out), "--in-process", "--no-plots"]) == 0
+    assert (out / "report.md").is_file() and (out / "spec.yaml").is_file()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["default--prime--s0",
+                                                                "default--rloo--s0"]
