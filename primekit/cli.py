@@ -1,5 +1,5 @@
 """The `primekit` command line: sft, train, eval, export, demo, train-orm, train-prm,
-hack-check, plan, sim, dashboard, heatmap, rerank, experiment.
+hack-check, plan, sim, dashboard, heatmap, rerank, experiment, data check.
 
 Every command takes `--config FILE_OR_NAME` (a YAML file, or the name of a packaged config such as
 `tiny` or `paper-7b`) and any number of dotted overrides (`prm.beta=0.1 train.steps=20`), given
@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
+    p = sub.add_parser("data", help="dataset files: `primekit data check FILE`")
+    data = p.add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("check", help="validate a JSONL / parquet file or a saved HF dataset as "
+                        "training reads it: rows per task, the first bad row (exit 2 if any)")
+    p.add_argument("file", help="a .jsonl/.ndjson or .parquet file, or a save_to_disk directory")
+    p.add_argument("--task", choices=("math", "code", "arithmetic"), default=None,
+                   help="task of rows that name none (as data.task)")
     return parser
 
 
@@ -100,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             _export(args)
             return 0
+        if args.command == "data":
+            from primekit.data.check import run_check
+
+            return run_check(args.file, task=args.task)
         if args.command == "demo":
             from primekit.demo import run_demo
 
