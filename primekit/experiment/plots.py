@@ -50,7 +50,7 @@ def plot_all(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) -
 
     out.mkdir(parents=True, exist_ok=True)
     everything = [g for gs in logs.values() for g in gs]
-    window = spec.verdict.window
+    window = spec.window
     written = []
     jobs = [(stem, key, label, False) for stem, key, label in CURVES]
     jobs.insert(1, ("train_reward_wall", "reward/outcome_mean_sampled",

@@ -2,7 +2,7 @@
 `report.md` and `plots/*.png` in the experiment directory.
 
 Per task family and arm, over the seeds that finished: the final value of each metric (eval/
-keys: the final evaluation; per-step keys: the mean over the last `verdict.window` steps) as a
+keys: the final evaluation; per-step keys: the mean over the last `window` steps of the first verdict) as a
 mean with its 95% t-interval; steps-to-threshold of the verdict's metric; then one verdict per
 (task family, treatment, baseline) by the spec's rule (primekit.experiment.spec.Verdict), and
 one for the claim:
@@ -41,6 +41,7 @@ class Row:
     verdict: str
     reason: str
     detail: str = ""
+    rule: str = ""
 
 
 def decide(v: Verdict, interval: stats.Interval | None, n_min: int,
@@ -51,6 +52,14 @@ def decide(v: Verdict, interval: stats.Interval | None, n_min: int,
         return INCONCLUSIVE, "no finished runs to compare"
     if n_min < MIN_SEEDS:
         return INCONCLUSIVE, f"only {n_min} finished seed(s) in an arm (need {MIN_SEEDS})"
+    if v.rule == "equivalence":
+        ci = f"95% interval [{interval.lo:.3g}, {interval.hi:.3g}]"
+        m = v.boundary
+        if -m <= interval.lo and interval.hi <= m:
+            return REPRODUCED, f"{ci} lies within the margin +-{m:g}"
+        if interval.lo > m or interval.hi < -m:
+            return NOT_REPRODUCED, f"{ci} lies wholly outside the margin +-{m:g}"
+        return INCONCLUSIVE, f"{ci} is not within the margin +-{m:g} nor wholly outside it"
     sign = 1.0 if v.direction == "greater" else -1.0
     lo, hi = sorted((sign * interval.lo, sign * interval.hi))
     b = sign * v.boundary
@@ -90,7 +99,10 @@ def overall(rows: list[Row]) -> str:
 
 
 def verdict_rows(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[Row]:
-    v = spec.verdict
+    return [row for v in spec.verdicts for row in _rows(spec, v, logs)]
+
+
+def _rows(spec: Spec, v: Verdict, logs: dict[tuple[str, str], list[RunLog]]) -> list[Row]:
     rows = []
     for task in spec.tasks:
         for treatment, baseline in v.compare:
@@ -99,14 +111,24 @@ def verdict_rows(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[
             n_min = min(len(t_logs), len(b_logs))
             if n_min == 0:
                 rows.append(Row(task, treatment, baseline, None, INCONCLUSIVE,
-                                f"no finished run logs {v.metric} in both arms"))
+                                f"no finished run logs {v.metric} in both arms",
+                                rule=f"{v.rule} of `{v.metric}`"))
                 continue
-            if v.rule == "difference":
-                t_final = [g.final(v.metric, v.window) for g in t_logs]
-                b_final = [g.final(v.metric, v.window) for g in b_logs]
+            if v.rule in ("difference", "equivalence"):
+                value = (lambda g: g.noise(v.metric)) if v.statistic == "noise" else (
+                    lambda g: g.final(v.metric, v.window))
+                t_final = [x for g in t_logs if (x := value(g)) is not None]
+                b_final = [x for g in b_logs if (x := value(g)) is not None]
+                if not t_final or not b_final:
+                    rows.append(Row(task, treatment, baseline, None, INCONCLUSIVE,
+                                    f"too few steps for the {v.statistic} of {v.metric}",
+                                    rule=f"{v.rule} of `{v.metric}`"))
+                    continue
                 est = stats.welch_interval(t_final, b_final)
-                verdict, reason = decide(v, est, n_min)
-                detail = (f"final {v.metric}: {treatment} {np.mean(t_final):.3f}, "
+                verdict, reason = decide(v, est, min(len(t_final), len(b_final)))
+                what = ("std of step-to-step changes of" if v.statistic == "noise"
+                        else "final")
+                detail = (f"{what} {v.metric}: {treatment} {np.mean(t_final):.3f}, "
                           f"{baseline} {np.mean(b_final):.3f} (difference, Welch 95% interval)")
             else:
                 thr = (float(np.mean([g.final(v.metric, v.window) for g in b_logs]))
@@ -125,7 +147,9 @@ def verdict_rows(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[
                           f"{[c.step for c in b_x]} ({cens[1]} censored); ratio = mean "
                           f"{baseline} steps / mean {treatment} steps, bootstrap 95% interval "
                           f"({v.bootstrap} resamples, seed {v.seed})")
-            rows.append(Row(task, treatment, baseline, est, verdict, reason, detail))
+            rows.append(Row(task, treatment, baseline, est, verdict, reason, detail,
+                            f"{v.rule} of `{v.metric}`" + (" (noise)" if v.statistic == "noise"
+                                                            else "")))
     return rows
 
 
@@ -167,14 +191,16 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
 
         figures = plot_all(spec, logs, out_dir / "plots")
     wall = sum(g.wall_s for g in all_logs)
-    v = spec.verdict
     lines = [
         f"# {spec.name}: {spec.claim}", "",
         f"**Verdict: {claim_verdict}.**", "",
         f"- Paper: {spec.paper or '(not given)'}",
-        f"- Rule: {v.rule} of `{v.metric}`, direction {v.direction}, boundary {v.boundary:g}"
-        + (f", claimed effect {v.min_effect:g}" if v.min_effect is not None else "")
-        + f"; fewer than {MIN_SEEDS} seeds per arm is inconclusive.",
+        *[f"- Rule: {v.rule} of `{v.metric}`, {' vs '.join(map(str, v.compare[0]))}"
+          f"{' (and more pairs)' if len(v.compare) > 1 else ''}, direction {v.direction}, "
+          f"boundary {v.boundary:g}"
+          + (f", claimed effect {v.min_effect:g}" if v.min_effect is not None else "")
+          for v in spec.verdicts],
+        f"- Fewer than {MIN_SEEDS} finished seeds in an arm: inconclusive.",
         f"- Spec: `{spec.path}`; base config `{spec.base}`; common overrides: "
         f"`{' '.join(spec.overrides) or '(none)'}`",
         f"- Budget: {spec.budget or '(not stated)'}",
@@ -187,17 +213,17 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
         f"- Wall-clock of the finished runs (from their metrics.jsonl, summed): {_fmt_wall(wall)}",
         f"- Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {out_dir}", "",
         "## Verdicts", "",
-        "| task family | treatment vs baseline | estimate [95% interval] | verdict | reason |",
-        "|---|---|---|---|---|",
+        "| task family | treatment vs baseline | rule | estimate [95% interval] | verdict | reason |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         est = r.estimate.fmt() if r.estimate is not None else "-"
-        lines.append(f"| {r.task} | {r.treatment} vs {r.baseline} | {est} | {r.verdict} | "
-                     f"{r.reason} |")
+        lines.append(f"| {r.task} | {r.treatment} vs {r.baseline} | {r.rule} | {est} | "
+                     f"{r.verdict} | {r.reason} |")
     lines.append("")
     lines += [f"- {r.task}, {r.treatment} vs {r.baseline}: {r.detail}" for r in rows if r.detail]
     lines += ["", "## Final metrics (mean [95% t-interval] over seeds, n seeds)", "",
-              f"Per-step metrics: mean over the last {v.window} steps of each run; eval/ "
+              f"Per-step metrics: mean over the last {spec.window} steps of each run; eval/ "
               "metrics: the final evaluation; train seconds: the sum of timing/step.", ""]
     keys = [k for prefix in TABLE_METRICS for k in match_keys(all_logs, prefix)] + [TRAIN_SECONDS]
     keys = [k for k in dict.fromkeys(keys) if any(k in g.series for g in all_logs)]
@@ -208,7 +234,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
             gs = logs.get((task, arm), [])
             cells = []
             for k in keys:
-                vals = [x for g in gs if (x := g.final(k, v.window)) is not None
+                vals = [x for g in gs if (x := g.final(k, spec.window)) is not None
                         and math.isfinite(x)]
                 cells.append(stats.t_interval(vals).fmt() if vals else "-")
             lines.append(f"| {arm} | {len(gs)} | " + " | ".join(cells) + " |")
@@ -216,7 +242,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
     if figures:
         lines += ["## Plots", "",
                   "Each arm's mean over seeds with its 95% t-interval band (per-step metrics "
-                  f"smoothed by a trailing {v.window}-step mean first).", ""]
+                  f"smoothed by a trailing {spec.window}-step mean first).", ""]
         lines += [f"![{p.stem}](plots/{p.name})" for p in figures]
         lines.append("")
     out = out_dir / "report.md"

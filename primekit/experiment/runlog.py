@@ -25,6 +25,14 @@ class RunLog:
         _, v = self.series[key]
         return float(v[-1]) if key.startswith("eval/") else float(np.mean(v[-window:]))
 
+    def noise(self, key: str) -> float | None:
+        """The standard deviation (ddof 1) of the step-to-step changes of a per-step metric: how
+        much it jumps between steps, whatever its trend. [1, 3, 2, 4]: changes [2, -1, 2], mean
+        1, std sqrt((1 + 4 + 1) / 2) = 1.732."""
+        if key not in self.series or len(self.series[key][1]) < 3:
+            return None
+        return float(np.std(np.diff(self.series[key][1]), ddof=1))
+
 
 def read_run(run_dir: Path) -> RunLog | None:
     path = run_dir / "metrics.jsonl"

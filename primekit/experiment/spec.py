@@ -14,14 +14,15 @@ A spec is a YAML file:
       prime: {algorithm.reward_mode: prime}
       rloo: {algorithm.reward_mode: outcome}
     seeds: [0, 1, 2]                          # train.seed of each run (or a count: 3)
-    verdict:
+    verdict:                                  # one mapping, or a list of them
       rule: steps-ratio                       # or: difference
       metric: reward/outcome_mean_sampled
       compare: [[prime, rloo]]                # [treatment, baseline] pairs
       ...                                     # see Verdict
     budget: 60 steps x 32 prompts x 4 samples, eval on 200 problems
 
-Overrides are a mapping of dotted config fields to values, or a list of `field=value` strings.
+Overrides are a mapping of dotted config fields to values, or a list of `field=value` strings;
+`{task}` in a value is replaced by the task family's name (a model trained per task family).
 Each run is configured as base <- overrides <- the task's <- the arm's <- train.seed, and every
 run's config is built (and so validated by primekit.config) when the spec is loaded: an unknown
 key or a bad override is one `SpecError` line naming the spec file and the field.
@@ -42,7 +43,8 @@ from primekit.config import Config, ConfigError, load_config, resolve_config
 # The packaged specs, found by name with `primekit experiment NAME`.
 SPEC_DIR = Path(__file__).parent / "specs"
 
-RULES = ("steps-ratio", "difference")
+RULES = ("steps-ratio", "difference", "equivalence")
+STATISTICS = ("final", "noise")
 DIRECTIONS = ("greater", "less")
 MIN_SEEDS = 3  # fewer seeds per arm than this: the verdict is "inconclusive" whatever the numbers
 
@@ -56,7 +58,11 @@ class Verdict:
     """How a claim is decided, per (treatment, baseline) pair and task family.
 
     rule "difference": the treatment's final `metric` minus the baseline's, mean over seeds, with
-    a 95% Welch t-interval. rule "steps-ratio": the baseline's mean steps-to-threshold divided by
+    a 95% Welch t-interval (`statistic` "noise" compares instead each run's standard deviation of
+    the step-to-step changes of a per-step metric: how noisy training is, not where it ends).
+    rule "equivalence": the same difference, where the claim is that the arms are close:
+    reproduced when the interval lies wholly within +-`boundary` (the margin), not reproduced
+    when it lies wholly outside it, inconclusive otherwise. rule "steps-ratio": the baseline's mean steps-to-threshold divided by
     the treatment's (how many times fewer steps the treatment needs), with a 95% seeded bootstrap
     interval over seeds; `threshold` is a number, or "baseline-final": the baseline's mean final
     smoothed metric (the paper's "steps to reach RLOO's final reward").
@@ -77,13 +83,14 @@ class Verdict:
     # final evaluation). Steps-to-threshold: the first step whose trailing `window`-step mean
     # reaches the threshold.
     window: int = 10
+    statistic: str = "final"
     threshold: float | str = "baseline-final"
     bootstrap: int = 2000
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.boundary is None:
-            self.boundary = 1.0 if self.rule == "steps-ratio" else 0.0
+            self.boundary = {"steps-ratio": 1.0, "equivalence": 0.02}.get(self.rule, 0.0)
 
 
 @dataclass
@@ -93,13 +100,18 @@ class Spec:
     base: str
     arms: dict[str, list[str]]
     seeds: list[int]
-    verdict: Verdict
+    verdicts: list[Verdict]
     paper: str = ""
     overrides: list[str] = field(default_factory=list)
     tasks: dict[str, list[str]] = field(default_factory=lambda: {"default": []})
     sft: list[str] | None = None
     budget: str = ""
     path: Path | None = None  # the file it was read from
+
+    @property
+    def window(self) -> int:
+        """The final-metric window of the report's tables: the first verdict's."""
+        return self.verdicts[0].window
 
     def base_path(self) -> Path | None:
         return resolve_config(self.base)
@@ -116,6 +128,7 @@ class Spec:
                     run_dir = out_dir / "runs" / run_id
                     ovr = [*self.overrides, *task_ovr, *sft, *arm_ovr, f"train.seed={seed}",
                            f"train.run_dir={run_dir}"]
+                    ovr = [o.replace("{task}", task) for o in ovr]
                     out.append(Run(task, arm, seed, run_id, run_dir, ovr))
         return out
 
@@ -142,7 +155,7 @@ def sft_dir(out_dir: Path, task: str) -> Path:
     return out_dir / "sft" / task
 
 
-_KEYS = {f.name for f in dataclasses.fields(Spec)} - {"path"}
+_KEYS = {f.name for f in dataclasses.fields(Spec)} - {"path", "verdicts"} | {"verdict"}
 _REQUIRED = ("name", "claim", "base", "arms", "seeds", "verdict")
 _VERDICT_KEYS = {f.name for f in dataclasses.fields(Verdict)}
 
@@ -232,24 +245,16 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
             or len(set(seeds)) != len(seeds)):
         raise err(f"seeds: expected a positive count or a list of distinct integers, got {seeds!r}")
-    verdict_raw = data["verdict"]
-    if not isinstance(verdict_raw, dict):
-        raise err(f"verdict: expected a mapping, got {verdict_raw!r}")
-    unknown = sorted(set(verdict_raw) - _VERDICT_KEYS)
-    if unknown:
-        raise err(f"verdict.{unknown[0]}: unknown key; valid: {sorted(_VERDICT_KEYS)}")
-    for key in ("metric", "compare"):
-        if key not in verdict_raw:
-            raise err(f"verdict: missing key {key!r}")
-    try:
-        verdict = Verdict(**verdict_raw)
-    except (TypeError, ValueError) as e:
-        raise err(f"verdict: {e}") from None
-    _check_verdict(verdict, arm_ovr, err)
+    raw = data["verdict"]
+    many = isinstance(raw, list)
+    verdicts = [_verdict(r, f"verdict[{i}]" if many else "verdict", arm_ovr, err)
+                for i, r in enumerate(raw if many else [raw])]
+    if not verdicts:
+        raise err("verdict: expected a mapping (or a list of them), got []")
     sft = data.get("sft")
     spec = Spec(
         name=data["name"], claim=data["claim"].strip(), base=data["base"], arms=arm_ovr,
-        seeds=seeds, verdict=verdict, paper=str(data.get("paper") or "").strip(),
+        seeds=seeds, verdicts=verdicts, paper=str(data.get("paper") or "").strip(),
         overrides=_overrides(data.get("overrides"), "overrides", err), tasks=tasks,
         sft=None if sft is None or sft is False else _overrides(sft if sft is not True else {},
                                                                 "sft", err),
@@ -263,31 +268,53 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
     return spec
 
 
-def _check_verdict(v: Verdict, arms: dict[str, list[str]], err) -> None:
+def _verdict(raw: Any, where: str, arms: dict[str, list[str]], err) -> Verdict:
+    if not isinstance(raw, dict):
+        raise err(f"{where}: expected a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - _VERDICT_KEYS)
+    if unknown:
+        raise err(f"{where}.{unknown[0]}: unknown key; valid: {sorted(_VERDICT_KEYS)}")
+    for key in ("metric", "compare"):
+        if key not in raw:
+            raise err(f"{where}: missing key {key!r}")
+    v = Verdict(**raw)
     if v.rule not in RULES:
-        raise err(f"verdict.rule: {v.rule!r} is not one of {list(RULES)}")
+        raise err(f"{where}.rule: {v.rule!r} is not one of {list(RULES)}")
+    if v.statistic not in STATISTICS:
+        raise err(f"{where}.statistic: {v.statistic!r} is not one of {list(STATISTICS)}")
+    if v.rule == "equivalence" and not v.boundary > 0:
+        raise err(f"{where}.boundary: equivalence needs a margin > 0, got {v.boundary!r}")
     if v.direction not in DIRECTIONS:
-        raise err(f"verdict.direction: {v.direction!r} is not one of {list(DIRECTIONS)}")
+        raise err(f"{where}.direction: {v.direction!r} is not one of {list(DIRECTIONS)}")
     if not isinstance(v.metric, str) or "/" not in v.metric:
-        raise err(f"verdict.metric: expected a metric key like reward/outcome_mean_sampled "
+        raise err(f"{where}.metric: expected a metric key like reward/outcome_mean_sampled "
                   f"(docs/metrics.md), got {v.metric!r}")
     if (not isinstance(v.compare, list) or not v.compare
             or not all(isinstance(p, list) and len(p) == 2 for p in v.compare)):
-        raise err(f"verdict.compare: expected a list of [treatment, baseline] arm pairs, "
+        raise err(f"{where}.compare: expected a list of [treatment, baseline] arm pairs, "
                   f"got {v.compare!r}")
     for pair in v.compare:
         for arm in pair:
             if arm not in arms:
-                raise err(f"verdict.compare: {arm!r} is not an arm; arms: {list(arms)}")
-    if not isinstance(v.window, int) or v.window < 1:
-        raise err(f"verdict.window: expected a positive integer, got {v.window!r}")
-    if not isinstance(v.bootstrap, int) or v.bootstrap < 100:
-        raise err(f"verdict.bootstrap: expected an integer >= 100, got {v.bootstrap!r}")
-    if not (v.threshold == "baseline-final" or isinstance(v.threshold, int | float)):
-        raise err(f"verdict.threshold: expected a number or 'baseline-final', got {v.threshold!r}")
+                raise err(f"{where}.compare: {arm!r} is not an arm; arms: {list(arms)}")
+    for key in ("boundary", "min_effect"):
+        value = getattr(v, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise err(f"{where}.{key}: expected a number, got {value!r}")
+    if isinstance(v.window, bool) or not isinstance(v.window, int) or v.window < 1:
+        raise err(f"{where}.window: expected a positive integer, got {v.window!r}")
+    if isinstance(v.bootstrap, bool) or not isinstance(v.bootstrap, int) or v.bootstrap < 100:
+        raise err(f"{where}.bootstrap: expected an integer >= 100, got {v.bootstrap!r}")
+    if not (v.threshold == "baseline-final"
+            or (isinstance(v.threshold, int | float) and not isinstance(v.threshold, bool))):
+        raise err(f"{where}.threshold: expected a number or 'baseline-final', "
+                  f"got {v.threshold!r}")
+    if v.statistic == "noise" and (v.rule != "difference" or v.metric.startswith("eval/")):
+        raise err(f"{where}.statistic: 'noise' needs rule difference and a per-step metric")
     if v.rule == "steps-ratio" and v.direction != "greater":
-        raise err("verdict.direction: steps-ratio is baseline steps / treatment steps; the claim "
-                  "that the treatment is faster is direction 'greater'")
+        raise err(f"{where}.direction: steps-ratio is baseline steps / treatment steps; the "
+                  f"claim that the treatment is faster is direction 'greater'")
+    return v
 
 
 def _check_runs(spec: Spec, err) -> None:

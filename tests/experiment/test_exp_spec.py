@@ -1,0 +1,110 @@
+"""Spec validation: every mistake is one line naming the spec file and the key; --list shows every
+packaged spec; the runs a spec expands into."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from primekit.cli import main
+from primekit.experiment.spec import SpecError, load_spec, packaged_specs
+
+GOOD = {
+    "name": "demo-exp", "claim": "PRIME beats RLOO", "base": "tiny",
+    "overrides": {"train.steps": 4},
+    "tasks": {"arith": {"data.task_family": "arithmetic"},
+              "chains": {"data.task_family": "chains", "rollout.max_new_tokens": 96}},
+    "arms": {"prime": {}, "rloo": ["algorithm.reward_mode=outcome"]},
+    "seeds": 3,
+    "verdict": {"metric": "eval/pass@1_greedy", "compare": [["prime", "rloo"]]},
+}
+
+
+def write(tmp_path: Path, **changes) -> Path:
+    spec = {**GOOD, **changes}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_good_spec_expands_into_tasks_x_seeds_x_arms(tmp_path):
+    spec = load_spec(write(tmp_path))
+    assert spec.seeds == [0, 1, 2]
+    runs = spec.runs(tmp_path / "exp")
+    assert len(runs) == 2 * 3 * 2
+    r = runs[7]  # task-major, then seed, then arm: chains, seed 0, rloo
+    assert (r.task, r.seed, r.arm) == ("chains", 0, "rloo")
+    assert r.run_dir == tmp_path / "exp" / "runs" / "chains--rloo--s0"
+    # base <- common <- task <- arm <- seed <- run dir
+    assert r.overrides == ["train.steps=4", "data.task_family=chains", "rollout.max_new_tokens=96",
+                           "algorithm.reward_mode=outcome", "train.seed=0",
+                           f"train.run_dir={r.run_dir}"]
+    cfg = r.config(spec)
+    assert (cfg.train.steps, cfg.data.task_family, cfg.algorithm.reward_mode,
+            cfg.rollout.max_new_tokens) == (4, "chains", "outcome", 96)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"armz": {}}, "unknown key 'armz'; valid: ["),
+    ({"seeds": None}, "missing key 'seeds'"),
+    ({"arms": {"prime": {"prm.betta": 0.1}, "rloo": {}}},
+     "arms.prime: prm.betta: unknown field 'betta'"),
+    ({"arms": {"prime": {"prm.beta": -1}, "rloo": {}}},
+     "arms.prime: prm.beta: Input should be greater than 0, got -1"),
+    ({"arms": {"prime": {"beta": 0.1}, "rloo": {}}},
+     "arms.prime: override key 'beta' is not section.field"),
+    ({"tasks": {"arith": {"data.task_family": "sudoku"}}}, "tasks.arith: data.task_family:"),
+    ({"overrides": {"train.stepz": 3}}, "overrides: train.stepz: unknown field"),
+    ({"arms": {"prime": {}}}, "arms: expected a mapping of at least two arm names"),
+    ({"seeds": [0, 0, 1]}, "seeds: expected a positive count or a list of distinct integers"),
+    ({"verdict": {"metric": "eval/pass@1_greedy", "compare": [["prime", "ppo"]]}},
+     "verdict.compare: 'ppo' is not an arm; arms: ['prime', 'rloo']"),
+    ({"verdict": {"metric": "eval/pass@1_greedy", "compare": [["prime", "rloo"]], "rul": "x"}},
+     "verdict.rul: unknown key"),
+    ({"verdict": [{"metric": "eval/pass@1_greedy", "compare": [["prime", "rloo"]]},
+                  {"metric": "eval/pass@1_greedy", "compare": [["prime", "rloo"]],
+                   "rule": "ratio"}]},
+     "verdict[1].rule: 'ratio' is not one of ['steps-ratio', 'difference', 'equivalence']"),
+    ({"base": "tinyy"}, "base: --config: 'tinyy' is neither a file nor a packaged config"),
+])
+def test_spec_errors_are_one_line_naming_the_key(tmp_path, changes, message):
+    path = write(tmp_path, **changes)
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    text = str(e.value)
+    assert "\n" not in text
+    assert text.startswith(f"{path}: ")
+    assert message in text
+
+
+def test_combination_error_is_attributed_to_the_arm(tmp_path):
+    # Each layer is valid alone; the arm's frozen PRM needs model.prm, which nothing sets.
+    path = write(tmp_path, arms={"frozen": {"prm.update": "frozen"}, "rloo": {}},
+                 verdict={"metric": "prm/acc_pairwise", "compare": [["frozen", "rloo"]]})
+    with pytest.raises(SpecError, match=r"spec.yaml: arms.frozen: prm.update: a frozen PRM"):
+        load_spec(path)
+
+
+def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
+    path = write(tmp_path, arms={"prime": {"prm.betta": 0.1}, "rloo": {}})
+    assert main(["experiment", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith("primekit: configuration error: ") and "arms.prime: prm.betta" in err
+    assert main(["experiment", "no-such-spec"]) == 2
+    assert "neither a spec file nor a packaged spec" in capsys.readouterr().err
+
+
+def test_list_shows_every_packaged_spec_and_each_validates(capsys):
+    names = packaged_specs()
+    assert main(["experiment", "--list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":", 1)[0] for line in lines] == names
+    for name in names:
+        spec = load_spec(name)  # every run's config builds
+        assert len(spec.seeds) >= 3, name
+        assert len(spec.tasks) >= 2, name
+        assert spec.paper and spec.budget, name

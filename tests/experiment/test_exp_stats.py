@@ -1,0 +1,129 @@
+"""The interval arithmetic on hand-computed inputs (the arithmetic is in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from primekit.experiment import stats
+from primekit.experiment.report import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, decide
+from primekit.experiment.spec import Verdict
+
+
+def test_t_quantiles_match_the_table():
+    # Student's t table, two-sided 95%: df 1 -> 12.706, 2 -> 4.303, 4 -> 2.776, 30 -> 2.042.
+    for df, t in [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451), (30, 2.0422725)]:
+        assert stats.t_quantile(0.975, df) == pytest.approx(t, abs=1e-6)
+    # df 1 is the Cauchy distribution: quantile tan(pi (p - 1/2)); p = 0.75 -> tan(pi/4) = 1.
+    assert stats.t_quantile(0.75, 1) == pytest.approx(1.0, abs=1e-9)
+    assert stats.t_quantile(0.025, 2) == pytest.approx(-4.3026527, abs=1e-6)
+    assert stats.t_cdf(0.0, 5) == pytest.approx(0.5)
+
+
+def test_t_interval_by_hand():
+    # [1, 2, 3]: mean 2, s = sqrt(((1-2)^2 + 0 + (3-2)^2) / 2) = 1, se = 1/sqrt(3) = 0.57735,
+    # half-width = 4.30265 * 0.57735 = 2.48414 -> [-0.48414, 4.48414].
+    iv = stats.t_interval([1.0, 2.0, 3.0])
+    assert (iv.value, iv.n) == (2.0, 3)
+    assert iv.lo == pytest.approx(-0.48414, abs=1e-5)
+    assert iv.hi == pytest.approx(4.48414, abs=1e-5)
+    # [0.5, 0.7]: mean 0.6, s = sqrt(2 * 0.1^2 / 1) = 0.141421, se = 0.1,
+    # half = 12.7062 * 0.1 = 1.27062.
+    iv = stats.t_interval([0.5, 0.7])
+    assert (iv.lo, iv.hi) == (pytest.approx(0.6 - 1.270620, abs=1e-5),
+                              pytest.approx(0.6 + 1.270620, abs=1e-5))
+    # One seed: no spread, no interval.
+    iv = stats.t_interval([0.4])
+    assert iv.value == 0.4 and iv.lo == -math.inf and iv.hi == math.inf
+
+
+def test_welch_interval_by_hand():
+    # a = [1, 2, 3]: mean 2, s^2 = 1, s^2/n = 1/3. b = [0, 0, 3]: mean 1, s^2 = ((1 + 1 + 4)/2)
+    # = 3, s^2/n = 1. se = sqrt(4/3) = 1.154701; df = (4/3)^2 / ((1/3)^2/2 + 1^2/2)
+    # = 1.777778 / 0.555556 = 3.2; t_{0.975, 3.2} = 3.072829 (scipy.stats.t.ppf);
+    # half = 3.072829 * 1.154701 = 3.548197 -> 1 +- 3.548197.
+    iv = stats.welch_interval([1, 2, 3], [0, 0, 3])
+    assert iv.value == pytest.approx(1.0)
+    assert stats.t_quantile(0.975, 3.2) == pytest.approx(3.072829, abs=1e-5)
+    assert iv.lo == pytest.approx(1 - 3.548197, abs=1e-5)
+    assert iv.hi == pytest.approx(1 + 3.548197, abs=1e-5)
+    # No spread in either arm: the difference is exact.
+    iv = stats.welch_interval([2, 2, 2], [1, 1, 1])
+    assert (iv.value, iv.lo, iv.hi) == (1.0, 1.0, 1.0)
+
+
+def test_bootstrap_ratio_by_hand_and_reproducible():
+    # num [2, 4] resampled: means 2 (p 1/4), 3 (p 1/2), 4 (p 1/4); den [1, 1] always 1. The
+    # ratio's percentiles 2.5% and 97.5% are therefore 2 and 4; the point estimate 3 / 1 = 3.
+    iv = stats.bootstrap_ratio([2, 4], [1, 1], n_boot=2000, seed=0)
+    assert (iv.value, iv.lo, iv.hi) == (3.0, 2.0, 4.0)
+    # Constant arms: every resample gives 6 / 3 = 2.
+    iv = stats.bootstrap_ratio([6, 6, 6], [3, 3, 3])
+    assert (iv.value, iv.lo, iv.hi) == (2.0, 2.0, 2.0)
+    # Seeded: the same inputs and seed give the same interval, another seed another one.
+    a, b = [40, 55, 70, 52], [100, 90, 130]
+    assert stats.bootstrap_ratio(b, a, seed=3) == stats.bootstrap_ratio(b, a, seed=3)
+    assert stats.bootstrap_ratio(b, a, seed=3) != stats.bootstrap_ratio(b, a, seed=4)
+    # Point estimate: mean(b) / mean(a) = (320 / 3) / (217 / 4) = 106.667 / 54.25 = 1.96621.
+    assert stats.bootstrap_ratio(b, a).value == pytest.approx(1.966206, abs=1e-6)
+
+
+def test_smooth_and_steps_to_threshold_by_hand():
+    # Trailing mean, window 2: [1, (1+2)/2, (2+3)/2, (3+4)/2] = [1, 1.5, 2.5, 3.5].
+    assert stats.smooth([1, 2, 3, 4], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+    # Window 3 over [0, 0.6, 0.6, 0.9, 0.3]: [0, 0.3, 0.4, 0.7, 0.6].
+    assert np.allclose(stats.smooth([0, 0.6, 0.6, 0.9, 0.3], 3), [0, 0.3, 0.4, 0.7, 0.6])
+    steps = [10, 20, 30, 40, 50]
+    # Threshold 0.5: the smoothed series first reaches it at index 3, step 40 (the raw series
+    # already did at step 20: smoothing is what makes one lucky step not count).
+    assert stats.steps_to_threshold(steps, [0, 0.6, 0.6, 0.9, 0.3], 0.5, 3) == stats.Crossing(
+        40, False)
+    # Never reached: censored at the last step, 50.
+    assert stats.steps_to_threshold(steps, [0, 0.6, 0.6, 0.9, 0.3], 0.8, 3) == stats.Crossing(
+        50, True)
+    # Window 1 is the raw series: 0.6 at step 20.
+    assert stats.steps_to_threshold(steps, [0, 0.6, 0.6, 0.9, 0.3], 0.5, 1).step == 20
+
+
+def test_verdict_rule():
+    v = Verdict(metric="eval/pass@1_greedy", compare=[["a", "b"]])  # difference, boundary 0
+    iv = stats.Interval
+    assert decide(v, iv(0.05, 0.01, 0.09, 3), 3)[0] == REPRODUCED
+    assert decide(v, iv(-0.05, -0.09, -0.01, 3), 3)[0] == NOT_REPRODUCED
+    verdict, reason = decide(v, iv(0.02, -0.01, 0.05, 3), 3)
+    assert verdict == INCONCLUSIVE and "straddles 0" in reason
+    # Two seeds: inconclusive whatever the interval.
+    verdict, reason = decide(v, iv(0.05, 0.01, 0.09, 2), 2)
+    assert verdict == INCONCLUSIVE and "need 3" in reason
+    # A claimed effect of +0.069 (the paper's +6.9%): an interval wholly below it is "not
+    # reproduced" even when it straddles 0.
+    v = Verdict(metric="m/x", compare=[["a", "b"]], min_effect=0.069)
+    assert decide(v, iv(0.01, -0.02, 0.04, 3), 3)[0] == NOT_REPRODUCED
+    # direction less: the treatment should lower the metric.
+    v = Verdict(metric="m/x", compare=[["a", "b"]], direction="less")
+    assert decide(v, iv(-0.05, -0.09, -0.01, 3), 3)[0] == REPRODUCED
+    # steps-ratio (boundary 1): a censored treatment run makes "reproduced" inconclusive, a
+    # censored baseline run makes "not reproduced" inconclusive.
+    v = Verdict(metric="m/x", compare=[["a", "b"]], rule="steps-ratio")
+    assert v.boundary == 1.0
+    assert decide(v, iv(2.0, 1.5, 2.5, 3), 3)[0] == REPRODUCED
+    assert decide(v, iv(2.0, 1.5, 2.5, 3), 3, censored=(1, 0))[0] == INCONCLUSIVE
+    assert decide(v, iv(0.6, 0.4, 0.8, 3), 3)[0] == NOT_REPRODUCED
+    assert decide(v, iv(0.6, 0.4, 0.8, 3), 3, censored=(0, 2))[0] == INCONCLUSIVE
+
+
+def test_equivalence_rule_and_noise_statistic():
+    iv = stats.Interval
+    v = Verdict(metric="m/x", compare=[["a", "b"]], rule="equivalence", boundary=0.03)
+    assert decide(v, iv(0.0, -0.02, 0.025, 3), 3)[0] == REPRODUCED  # within +-0.03
+    assert decide(v, iv(0.08, 0.04, 0.12, 3), 3)[0] == NOT_REPRODUCED  # wholly above 0.03
+    assert decide(v, iv(0.02, -0.01, 0.05, 3), 3)[0] == INCONCLUSIVE  # crosses 0.03
+    from primekit.experiment.runlog import RunLog
+
+    log = RunLog(series={"m/x": (np.array([1, 2, 3, 4]), np.array([1.0, 3.0, 2.0, 4.0]))})
+    # Changes [2, -1, 2]: mean 1, std sqrt(((2-1)^2 + (-1-1)^2 + (2-1)^2) / 2) = sqrt(3).
+    assert log.noise("m/x") == pytest.approx(math.sqrt(3))
+    # Final per-step value: the mean of the last 2 steps, (2 + 4) / 2 = 3.
+    assert log.final("m/x", 2) == 3.0
