@@ -1,7 +1,8 @@
 """`primekit dashboard RUN_DIR [RUN_DIR ...]`: follow runs' metrics.jsonl and samples.jsonl live.
 
 Reads only what the trainer writes (docs/metrics.md; samples.jsonl: primekit.logging.
-append_samples), incrementally: each poll parses the lines appended since the last one. Besides
+append_samples), incrementally: each poll parses the lines appended since the last one, and a file
+rewritten under it (a resume truncates it) is read again from the top (`Tail`). Besides
 the logged metrics, each row gets three derived keys the page and the lights use:
   derived/verifier_acc  reward/outcome_mean, the verifier's mean score on the trained batch;
   derived/reported      what the dense reward claims about the same batch: for PRIME,
@@ -59,34 +60,91 @@ def derive(row: dict) -> dict:
     return out
 
 
-def _read_new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
-    """Complete JSON lines of `path` from byte `offset`; the new offset (a partial last line
-    waits for its newline)."""
-    if not path.exists():
-        return [], offset
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    end = data.rfind(b"\n") + 1
-    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return rows, offset + end
+class Tail:
+    """The complete JSON lines appended to a file since the last read.
+
+    A file rewritten under it (a `--resume` truncates metrics.jsonl and samples.jsonl to the
+    resumed step and appends again; an atomic replace gives a new inode) is noticed: the file is
+    smaller than what was read, a new inode, or the last line read is no longer where it was.
+    Then the tail starts again from the top and `read` says so. A half-written last line waits
+    for its newline; a line that is not JSON is skipped and counted, so one bad line never stops
+    the following (before, the stale byte offset answered HTTP 400 "Extra data" forever)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.inode: int | None = None
+        self.last_line = b""  # the last complete line read, with its newline
+        self.skipped = 0
+
+    def _rewritten(self, st) -> bool:
+        if st.st_ino != self.inode or st.st_size < self.offset:
+            return True
+        if not self.last_line:
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(self.offset - len(self.last_line))
+            return f.read(len(self.last_line)) != self.last_line
+
+    def read(self) -> tuple[list[dict], bool]:
+        """(rows appended since the last read, whether the file was rewritten: then the rows are
+        the whole file's)."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            restarted = self.offset > 0
+            self.__init__(self.path)
+            return [], restarted
+        restarted = self.inode is not None and self._rewritten(st)
+        if restarted:
+            self.offset, self.last_line, self.skipped = 0, b"", 0
+        self.inode = st.st_ino
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        lines = data[:end].splitlines(keepends=True)
+        rows = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                self.skipped += 1
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                self.skipped += 1
+        if lines:
+            self.last_line = lines[-1]
+        self.offset += end
+        return rows, restarted
 
 
 class RunFollower:
-    """One run directory: its metric rows so far and its latest step's samples."""
+    """One run directory: its metric rows so far and its latest step's samples. `generation`
+    counts the times metrics.jsonl was rewritten under it (the rows then start over)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
         self.rows: list[dict] = []
         self.samples: list[dict] = []
-        self._metrics_offset = self._samples_offset = 0
+        self.generation = 0
+        self._metrics = Tail(self.run_dir / METRICS)
+        self._samples = Tail(self.run_dir / SAMPLES)
 
     def poll(self) -> None:
-        new, self._metrics_offset = _read_new_lines(self.run_dir / METRICS, self._metrics_offset)
+        new, restarted = self._metrics.read()
+        if restarted:
+            self.rows, self.generation = [], self.generation + 1
         self.rows += [derive(r) for r in new]
-        new, self._samples_offset = _read_new_lines(self.run_dir / SAMPLES, self._samples_offset)
+        new, restarted = self._samples.read()
+        if restarted:
+            self.samples = []
         for s in new:  # keep the latest step's rows, which may arrive over two polls
-            if self.samples and s["step"] == self.samples[-1]["step"]:
+            if self.samples and s.get("step") == self.samples[-1].get("step"):
                 self.samples.append(s)
             else:
                 self.samples = [s]
@@ -113,12 +171,17 @@ class DashboardApp:
         self.runs = [RunFollower(Path(d)) for d in run_dirs]
         self.viz = viz
 
-    def run_state(self, i: int, since: int) -> dict:
+    def run_state(self, i: int, since: int, generation: int | None = None) -> dict:
+        """Run i's rows from `since` on; all of them (since 0) when the page's `generation` is
+        not the run's (its metrics.jsonl was rewritten since the page last read it)."""
         if not 0 <= i < len(self.runs):
             raise ValueError(f"run index {i} out of range [0, {len(self.runs)})")
         run = self.runs[i]
         run.poll()
+        if generation is not None and generation != run.generation:
+            since = 0
         return {"i": i, "name": str(run.run_dir), "since": since, "n": len(run.rows),
+                "gen": run.generation, "skipped_lines": run._metrics.skipped,
                 "rows": run.rows[since:], "lights": run.lights(self.viz),
                 "samples_step": run.samples[0]["step"] if run.samples else None,
                 "samples": run.samples_html()}
@@ -128,8 +191,9 @@ class DashboardApp:
             ("GET", "/"): page("dashboard.html"),
             ("GET", "/api/runs"): lambda p: {"runs": [str(r.run_dir) for r in self.runs],
                                              "thresholds": thresholds(self.viz)},
-            ("GET", "/api/run"): lambda p: self.run_state(int(p.get("i", 0)),
-                                                          max(0, int(p.get("since", 0)))),
+            ("GET", "/api/run"): lambda p: self.run_state(
+                int(p.get("i", 0)), max(0, int(p.get("since", 0))),
+                int(p["gen"]) if "gen" in p else None),
         }
 
 

@@ -1,6 +1,7 @@
 """The sim page's controls in a real browser (headless Chromium via playwright; marker `browser`,
 run by .ci/browser.sh, skipped without Chromium or playwright): presets restore their knobs, a bad
-knob is an inline error that blocks nothing else, and extreme knobs never blank the page.
+knob is an inline error that blocks nothing else, and extreme knobs never blank the page; the
+dashboard's axes and legends, and the dashboard following a metrics.jsonl rewritten under it.
 
 Every check waits for the page's answer from the server (the knobs the server holds are mirrored
 in `document.body.dataset.knobs`, its step in `dataset.t`), never reads right after a click.
@@ -18,8 +19,10 @@ import numpy as np
 import pytest
 
 from primekit.config import SimConfig, VizConfig
+from primekit.viz.dashboard import DashboardApp
 from primekit.viz.server import start_in_thread
 from primekit.viz.simpage import SimApp
+from tests.viz.fixture_run import metric_row, write_run
 
 pytestmark = pytest.mark.browser
 
@@ -191,6 +194,32 @@ def test_events_window_and_resize(sim_page, tmp_path):
     shot = tmp_path / "sim-events.png"
     page.screenshot(path=str(shot), full_page=True)
     _keep(shot)
+
+
+def test_dashboard_ticks_legend_and_a_rewritten_file(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=6)
+    server, url = start_in_thread(DashboardApp([run], VizConfig()).routes())
+    page = browser.new_page(viewport={"width": 1200, "height": 1400})
+    try:
+        page.goto(url)
+        page.wait_for_function("document.getElementById('run-0')?.dataset.lines === '6'",
+                               timeout=TIMEOUT_MS)
+        for chart in ("acc", "prm", "hack", "timing"):
+            # uPlot draws the tick labels on the canvas; these are the strings it drew.
+            ticks = [t for t in page.evaluate(f"runs[0].charts.{chart}.axes[0]._values") if t]
+            assert ticks and all(t.isdigit() for t in ticks), (chart, ticks)  # 1, 2, ... only
+            labels = page.locator(f"#run-0 .chart-{chart} .u-legend th").all_inner_texts()
+            assert len(labels) == len(set(labels)), (chart, labels)  # one entry per series
+        # A resume rewrites metrics.jsonl under the open page: steps 1-3, then 4 new ones.
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({**metric_row(s), "reward/outcome_mean": 0.9}) + "\n" for s in range(1, 8)))
+        page.wait_for_function("document.getElementById('run-0').dataset.lines === '7'",
+                               timeout=TIMEOUT_MS)
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+        assert page.inner_text("#run-0 .run-step") == "7 metric lines"
+    finally:
+        page.close()
+        server.shutdown()
 
 
 def _inked(png: Path) -> float:

@@ -74,3 +74,58 @@ def test_dashboard_endpoints(tmp_path):
 def test_missing_run_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="run directory not found"):
         DashboardApp([tmp_path / "nope"], VizConfig())
+
+
+def _write(path, steps, **extra) -> None:
+    path.write_text("".join(json.dumps({**metric_row(s), **extra}) + "\n" for s in steps))
+
+
+def test_follower_follows_a_file_rewritten_under_it(tmp_path):
+    run = write_run(tmp_path / "run", steps=20)
+    metrics = run / "metrics.jsonl"
+    f = RunFollower(run)
+    f.poll()
+    assert len(f.rows) == 20 and f.generation == 0
+    # A resume from step 12: the file truncated to steps 1-12 in place (same inode, smaller),
+    # then steps 13-14 appended. Before, the stale offset read mid-line: HTTP 400 "Extra data".
+    lines = metrics.read_text().splitlines(keepends=True)
+    with open(metrics, "r+") as out:
+        out.truncate(sum(len(x) for x in lines[:12]))
+    with open(metrics, "a") as out:
+        for step in (13, 14):
+            out.write(json.dumps({**metric_row(step), "resumed": 1}) + "\n")
+    f.poll()
+    assert [r["step"] for r in f.rows] == list(range(1, 15)) and f.generation == 1
+    assert f.rows[-1]["resumed"] == 1
+    # Rewritten in place to a longer file whose line at the old offset differs (same inode).
+    _write(metrics, range(1, 30), resumed=2)
+    f.poll()
+    assert [r["step"] for r in f.rows] == list(range(1, 30)) and f.generation == 2
+    # Replaced by a rename (a new inode), any size.
+    (run / "new.jsonl").write_text(json.dumps(metric_row(1)) + "\n")
+    (run / "new.jsonl").replace(metrics)
+    f.poll()
+    assert [r["step"] for r in f.rows] == [1] and f.generation == 3
+    # Appends after that are read incrementally again; a line that is not JSON is skipped.
+    with open(metrics, "a") as out:
+        out.write("{broken\n" + json.dumps(metric_row(2)) + "\n")
+    f.poll()
+    assert [r["step"] for r in f.rows] == [1, 2] and f.generation == 3
+    assert f._metrics.skipped == 1
+
+
+def test_dashboard_endpoint_across_a_rewrite(tmp_path):
+    run = write_run(tmp_path / "run", steps=20)
+    server, url = start_in_thread(DashboardApp([run], VizConfig()).routes())
+    try:
+        a = json.loads(urllib.request.urlopen(url + "api/run?i=0&since=0&gen=-1").read())
+        assert a["n"] == 20 and a["gen"] == 0
+        _write(run / "metrics.jsonl", range(1, 8))  # a resume rewrote it: steps 1-7
+        b = json.loads(urllib.request.urlopen(url + "api/run?i=0&since=20&gen=0").read())
+        # The page's generation is stale: everything from row 0, and the new generation.
+        assert b["gen"] == 1 and b["since"] == 0 and [r["step"] for r in b["rows"]] == \
+            list(range(1, 8))
+        c = json.loads(urllib.request.urlopen(url + "api/run?i=0&since=7&gen=1").read())
+        assert c["rows"] == [] and c["n"] == 7
+    finally:
+        server.shutdown()
