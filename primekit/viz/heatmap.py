@@ -9,6 +9,7 @@ sees is the reward r_t = beta * (log pi_prm - log pi_ref) of primekit/viz/scorin
 from __future__ import annotations
 
 import html
+import textwrap
 from pathlib import Path
 
 from primekit.viz.scoring import Scored
@@ -71,16 +72,13 @@ def write_html(rows: list[dict], out: Path, title: str, scale: float | None = No
     return out
 
 
-def write_png(rows: list[dict], out: Path, title: str, scale: float | None = None,
-              width: int = 72) -> Path:
-    """The same heatmap as a PNG: one coloured cell per character, `width` characters a line."""
-    import matplotlib
+FONT = "DejaVu Sans Mono"  # matplotlib's own monospace font: one advance for every glyph
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    scale = scale or auto_scale(rows)
-    lines: list[list[tuple[str, str]]] = []  # per text line: (character, colour)
+def _layout(rows: list[dict], width: int, scale: float) -> list[list[tuple[str, str]]]:
+    """Text lines of (character, colour): per response its verdict and prompt, then its tokens'
+    characters in their reward colours, `width` characters a line."""
+    lines: list[list[tuple[str, str]]] = []
     for row in rows:
         mark = "OK " if row["score"] >= 1 else "X  "
         lines.append([(c, "#ffffff") for c in f"{mark}{row['prompt'].strip()[:width - 3]}"])
@@ -93,18 +91,57 @@ def write_png(rows: list[dict], out: Path, title: str, scale: float | None = Non
                     current = []
         lines.append(current)
         lines.append([])
-    fig = plt.figure(figsize=(width * 0.11 + 0.4, len(lines) * 0.2 + 0.8))
+    return lines
+
+
+def draw_png(rows: list[dict], title: str, scale: float | None = None, width: int = 72,
+             fontsize: float = 8.0, dpi: int = 120):
+    """The heatmap as a matplotlib figure. Each text line is drawn as one string in a monospace
+    font, so its characters sit as the text reads ("13", not "1 3"); the coloured cells behind
+    them are one glyph advance wide, measured from the font, so cell x holds character x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
+
+    scale = scale or auto_scale(rows)
+    lines = _layout(rows, width, scale)
+    prop = FontProperties(family=FONT, size=fontsize)
+    fig = plt.figure(dpi=dpi)
+    n = 100
+    advance = fig.canvas.get_renderer().get_text_width_height_descent("0" * n, prop,
+                                                                        ismath=False)[0] / n
+    row_px = 1.7 * fontsize * dpi / 72
+    heading = textwrap.wrap(f"{title}   (green +{scale:.3g}, red -{scale:.3g}, white 0)", width)
+    fig.set_size_inches((width + 2) * advance / dpi,
+                        (len(lines) + len(heading) + 3) * row_px / dpi)
     ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(-1, width + 1)
-    ax.set_ylim(len(lines) + 2, -2)
+    ax.set_xlim(-1, width + 1)  # one x unit = one glyph advance
+    ax.set_ylim(len(lines) + 1, -1 - len(heading) - 1)
     ax.axis("off")
-    ax.text(0, -1, f"{title}   (green +{scale:.3g}, red -{scale:.3g}, white 0)", fontsize=8)
+    for i, text in enumerate(heading):
+        ax.text(0, i - len(heading) - 0.5, text, va="center", fontproperties=prop,
+                parse_math=False)
     for y, line in enumerate(lines):
-        for x, (ch, colour) in enumerate(line):
-            ax.add_patch(plt.Rectangle((x, y - 0.5), 1, 1, color=colour, linewidth=0))
-            ax.text(x + 0.5, y, ch, ha="center", va="center", family="monospace", fontsize=7)
+        for x, (_, colour) in enumerate(line):
+            if colour != "#ffffff":
+                ax.add_patch(plt.Rectangle((x, y - 0.5), 1, 1, color=colour, linewidth=0))
+        if line:
+            ax.text(0, y, "".join(ch for ch, _ in line), ha="left", va="center",
+                    fontproperties=prop, parse_math=False)
+    return fig
+
+
+def write_png(rows: list[dict], out: Path, title: str, scale: float | None = None,
+              width: int = 72) -> Path:
+    """The same heatmap as a PNG (`draw_png`): one coloured cell per character, `width`
+    characters a line."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_png(rows, title, scale, width)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out)
     plt.close(fig)
     return out
 

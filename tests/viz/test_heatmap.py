@@ -13,6 +13,7 @@ from primekit.rollout.base import RolloutBatch
 from primekit.viz.heatmap import (
     NEGATIVE,
     POSITIVE,
+    draw_png,
     reward_color,
     rows_of,
     write_html,
@@ -89,3 +90,32 @@ def test_heatmap_colours_match_the_implicit_rewards(models, tmp_path):
     assert "correct (score 1.00)" in html and "incorrect (score 0.00)" in html
     png = write_png(rows, tmp_path / "h.png", "test")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_png_lays_characters_out_as_the_text_reads():
+    # "13" must read "13", not "1 3": each line is one string in a monospace font, and the cell
+    # behind character x spans [x, x + 1) in units of the font's own glyph advance.
+    import matplotlib.pyplot as plt
+
+    row = {"prompt": "Q:6+7=", "tokens": ["13", "\n", "A", ":", "13"],
+           "rewards": [0.5, 0.0, -0.2, 0.0, 0.5], "score": 1.0, "status": "correct"}
+    fig = draw_png([row], "t", width=20)
+    try:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        texts = {t.get_text(): t for t in ax.texts}
+        line = texts["13\u23ceA:13"]  # the response's characters, one string
+        unit = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]  # px
+        n = 100
+        advance = renderer.get_text_width_height_descent("0" * n, line.get_fontproperties(),
+                                                         ismath=False)[0] / n
+        assert unit == pytest.approx(advance, rel=1e-6)  # a cell is one glyph advance wide
+        box = line.get_window_extent(renderer)
+        assert box.width == pytest.approx(7 * unit, rel=0.02)  # 7 characters, no gaps
+        assert box.x0 == pytest.approx(ax.transData.transform((0, 0))[0], abs=1)
+        # The cells: one per coloured character, at x = 0, 1, 3, 5, 6 (the "\n" and ":" are 0).
+        cells = sorted((round(p.get_x()), p.get_facecolor()) for p in ax.patches)
+        assert [x for x, _ in cells] == [0, 1, 3, 5, 6]
+        assert "13\u23ceA:13" in texts and any(t.startswith("OK Q:6+7=") for t in texts)
+    finally:
+        plt.close(fig)
