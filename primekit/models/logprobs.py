@@ -3,7 +3,8 @@
 Notation: N sequences, L = P + T columns, T response tokens. Rows are laid out as
 [left-padding | prompt | response | right-padding]: prompts left-padded, responses right-padded,
 so the response occupies the last T columns and token t of the response is predicted by the
-hidden state at column L - T - 1 + t.
+hidden state at column L - T - 1 + t. The packed layout of `primekit.rollout.batching` has no
+padding inside a sequence: the predicting columns are given explicitly (`predict_index`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from primekit.models.parallel import SCORE_METHOD
 from primekit.rollout.base import RolloutBatch
-from primekit.rollout.batching import iter_micro_batches
+from primekit.rollout.batching import Layout, MicroBatch, iter_layout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -72,6 +73,8 @@ def sequence_logprobs(
     temperature: float = 1.0,
     compute_entropy: bool = False,
     chunk_size: int = 512,
+    position_ids: torch.Tensor | None = None,
+    predict_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last T = response_len tokens of each row given everything before them.
 
@@ -95,17 +98,29 @@ def sequence_logprobs(
         temperature: logits are divided by it (> 0), matching the sampling distribution.
         compute_entropy: also return per-token entropies.
         chunk_size: response tokens per lm_head chunk.
+        position_ids, predict_index: the packed layout (`primekit.rollout.batching`): input_ids
+            and position_ids [R, C] are packed rows (positions restart at 0 for each sequence,
+            attention_mask None, so attention stays inside each sequence), and predict_index
+            [n, T] is the flat column of R*C predicting response token t of sequence i (-1 on
+            padding). Only those n*T (valid) columns go through the lm_head.
 
     Returns:
-        logprobs [N, T] and entropy [N, T] (None unless compute_entropy), float32 or wider.
+        logprobs [N, T] and entropy [N, T] (None unless compute_entropy), float32 or wider;
+        [n, T] in the packed layout.
     """
-    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+    if predict_index is not None:
+        if attention_mask is not None or position_ids is None or \
+                position_ids.shape != input_ids.shape or predict_index.dim() != 2:
+            raise ValueError("the packed layout needs attention_mask=None, position_ids shaped "
+                             "like input_ids and a 2-D predict_index")
+    elif input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
         raise ValueError(
             f"input_ids and attention_mask must both be [N, L], got {tuple(input_ids.shape)} "
             f"and {tuple(attention_mask.shape)}"
         )
     length = input_ids.shape[1]
-    if not isinstance(response_len, int) or not 1 <= response_len < length:
+    if predict_index is None and (not isinstance(response_len, int)
+                                  or not 1 <= response_len < length):
         raise ValueError(f"response_len must be an int in [1, {length - 1}], got {response_len!r}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -115,27 +130,17 @@ def sequence_logprobs(
     runner = getattr(model, SCORE_METHOD, None)  # set by models.parallel.prepare_model
     if runner is not None:
         return runner(input_ids, attention_mask, response_len, temperature, compute_entropy,
-                      chunk_size)
+                      chunk_size, position_ids, predict_index)
     return score_tokens(model, input_ids, attention_mask, response_len, temperature,
-                        compute_entropy, chunk_size)
+                        compute_entropy, chunk_size, position_ids, predict_index)
 
 
-def score_tokens(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 response_len: int, temperature: float, compute_entropy: bool, chunk_size: int,
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The computation of `sequence_logprobs` (arguments checked there). It is the forward
-    method `models.parallel.prepare_model` attaches to a sharded or mixed-precision model."""
-    length = input_ids.shape[1]
-    backbone, head, softcap = _backbone_and_head(model)
-    device = next(model.parameters()).device
-    ids, mask = input_ids.to(device), attention_mask.to(device).long()  # [N, L]
-    T = response_len
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
-    hidden = backbone(
-        input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state  # [N, L, H]
-    hidden = hidden[:, length - T - 1 : length - 1]  # [N, T, H], the predicting columns
-    targets = ids[:, length - T :]  # [N, T]
+def _head_chunks(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
+                 temperature: float, softcap: float | None, compute_entropy: bool,
+                 chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_token_logprobs_and_entropy` over dim 1 of hidden [n, T, H] in chunks of chunk_size,
+    each checkpointed under autograd when there is more than one: [n, T] twice."""
+    T = hidden.shape[1]
     chunks = range(0, T, chunk_size)
     use_ckpt = torch.is_grad_enabled() and len(chunks) > 1
     lp_parts, ent_parts = [], []
@@ -148,47 +153,135 @@ def score_tokens(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
             lp, ent = _token_logprobs_and_entropy(*args)
         lp_parts.append(lp)
         ent_parts.append(ent)
-    response_mask = mask[:, length - T :]  # [N, T]
-    logprobs = torch.cat(lp_parts, dim=1) * response_mask  # [N, T]
-    entropy = torch.cat(ent_parts, dim=1) * response_mask if compute_entropy else None  # [N, T]
+    return torch.cat(lp_parts, dim=1), torch.cat(ent_parts, dim=1)
+
+
+def _flat_for_flash(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed rows as one row [1, R*C] for flash attention, whose packed-sequence path
+    (varlen, from the position ids) exists only for a batch of one; otherwise unchanged. The flat
+    column indices (predict_index) are the same either way: every row starts a new segment."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+    if "flash" in impl and input_ids.shape[0] > 1:
+        return input_ids.reshape(1, -1), position_ids.reshape(1, -1)
+    return input_ids, position_ids
+
+
+def _score_packed(model: PreTrainedModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                  predict_index: torch.Tensor, temperature: float, compute_entropy: bool,
+                  chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`score_tokens` on packed rows: one backbone forward over [R, C] with no attention mask
+    (transformers builds the block-diagonal causal mask from the restarting position ids), then
+    the lm_head on the K valid predicting columns only, scattered back to [n, T]."""
+    backbone, head, softcap = _backbone_and_head(model)
+    device = next(model.parameters()).device
+    ids, pos = _flat_for_flash(model, input_ids.to(device), position_ids.to(device))
+    index = predict_index.to(device)
+    hidden = backbone(input_ids=ids, attention_mask=None, position_ids=pos,
+                      use_cache=False).last_hidden_state  # [R, C, H]
+    valid = index >= 0  # [n, T]
+    flat = index[valid]  # [K]
+    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]  # [K, H]
+    targets = ids.reshape(-1)[flat + 1]  # [K]
+    lp, ent = _head_chunks(hidden[None], targets[None], head, temperature, softcap,
+                           compute_entropy, chunk_size)  # [1, K]
+    logprobs = lp.new_zeros(index.shape).masked_scatter(valid, lp[0])  # [n, T]
+    entropy = ent.new_zeros(index.shape).masked_scatter(valid, ent[0]) if compute_entropy else None
     return logprobs, entropy
+
+
+def score_tokens(model: PreTrainedModel, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor | None, response_len: int, temperature: float,
+                 compute_entropy: bool, chunk_size: int, position_ids: torch.Tensor | None = None,
+                 predict_index: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The computation of `sequence_logprobs` (arguments checked there). It is the forward
+    method `models.parallel.prepare_model` attaches to a sharded or mixed-precision model."""
+    if predict_index is not None:
+        return _score_packed(model, input_ids, position_ids, predict_index, temperature,
+                             compute_entropy, chunk_size)
+    length = input_ids.shape[1]
+    backbone, head, softcap = _backbone_and_head(model)
+    device = next(model.parameters()).device
+    ids, mask = input_ids.to(device), attention_mask.to(device).long()  # [N, L]
+    T = response_len
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+    hidden = backbone(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # [N, L, H]
+    hidden = hidden[:, length - T - 1 : length - 1]  # [N, T, H], the predicting columns
+    targets = ids[:, length - T :]  # [N, T]
+    lp, ent = _head_chunks(hidden, targets, head, temperature, softcap, compute_entropy,
+                           chunk_size)  # [N, T]
+    response_mask = mask[:, length - T :]  # [N, T]
+    logprobs = lp * response_mask  # [N, T]
+    entropy = ent * response_mask if compute_entropy else None  # [N, T]
+    return logprobs, entropy
+
+
+def micro_batch_logprobs(model: PreTrainedModel, mb: MicroBatch, *, compute_entropy: bool = False,
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` of one micro-batch, padded or packed: [n, t] (0 on padding)."""
+    device = next(model.parameters()).device
+    if mb.packed:
+        return sequence_logprobs(model, mb.input_ids.to(device), None, mb.response_len,
+                                 compute_entropy=compute_entropy,
+                                 position_ids=mb.position_ids.to(device),
+                                 predict_index=mb.predict_index.to(device))
+    return sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
+                             mb.response_len, compute_entropy=compute_entropy)
 
 
 @torch.no_grad()
 def batch_logprobs(model: PreTrainedModel, batch: RolloutBatch, micro_batch_size: int,
-                   multiple: int = 1) -> torch.Tensor:
+                   multiple: int = 1, max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
     """No-grad per-token log-probs of every response in `batch`: [N, T] float32 on the CPU.
 
-    Compare only log-probs computed with the same (micro_batch_size, multiple): equal
-    micro-batches give equal padding, so two copies of one model give bitwise-equal log-probs
-    (process rewards of exactly zero at initialisation).
+    The arguments after `batch` are a `Layout` (`batch_logprobs(model, batch, *layout)`).
+    Compare only log-probs computed with the same layout: equal micro-batches give equal
+    padding, so two copies of one model give bitwise-equal log-probs (process rewards of exactly
+    zero at initialisation).
     """
-    device = next(model.parameters()).device
+    layout = Layout(micro_batch_size, multiple, max_tokens, packed)
     out = torch.zeros(batch.response_ids.shape)  # [N, T]
-    for mb in iter_micro_batches(batch, micro_batch_size, multiple):
-        lp, _ = sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                  mb.response_len)
+    for mb in iter_layout(batch, layout):
+        lp, _ = micro_batch_logprobs(model, mb)
         out[mb.rows, : mb.response_len] = lp.float().cpu()
     return out * batch.response_mask.float()
 
 
 def sequence_values(critic: PreTrainedModel, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+                    attention_mask: torch.Tensor | None, response_len: int,
+                    position_ids: torch.Tensor | None = None,
+                    predict_index: torch.Tensor | None = None) -> torch.Tensor:
     """Critic values V(y_<t) for the last T = response_len tokens: [N, T] float32.
 
     `critic` is a Hugging Face *ForTokenClassification model with one label; the value of token
-    t is read at the column that predicts it (L - T - 1 + t), like `sequence_logprobs`.
+    t is read at the column that predicts it (L - T - 1 + t), like `sequence_logprobs`; in the
+    packed layout (position_ids and predict_index, as there) at predict_index, 0 on padding.
     """
     runner = getattr(critic, SCORE_METHOD, None)  # set by models.parallel.prepare_model
     if runner is not None:
-        return runner(input_ids, attention_mask, response_len)
-    return critic_values(critic, input_ids, attention_mask, response_len)
+        return runner(input_ids, attention_mask, response_len, position_ids, predict_index)
+    return critic_values(critic, input_ids, attention_mask, response_len, position_ids,
+                         predict_index)
 
 
-def critic_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  response_len: int) -> torch.Tensor:
+def critic_values(critic: PreTrainedModel, input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor | None, response_len: int,
+                  position_ids: torch.Tensor | None = None,
+                  predict_index: torch.Tensor | None = None) -> torch.Tensor:
     """The computation of `sequence_values`; the critic's forward method under
     `models.parallel.prepare_model`."""
+    if predict_index is not None:  # packed: no mask, positions restart per sequence
+        input_ids, position_ids = _flat_for_flash(critic, input_ids, position_ids)
+        # use_cache=False: with a cache, transformers does not look for packed sequences.
+        out = critic(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
+                     use_cache=False)
+        values = out.logits[..., 0].reshape(-1)  # [R*C]
+        valid = predict_index >= 0  # [n, T]
+        picked = values[predict_index[valid]].to(torch.float32)  # [K]
+        return picked.new_zeros(predict_index.shape).masked_scatter(valid, picked)  # [n, T]
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
     out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     values = out.logits[..., 0]  # [N, L]
@@ -196,14 +289,22 @@ def critic_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     return values[:, -response_len - 1 : -1].to(torch.float32, copy=True)
 
 
-@torch.no_grad()
-def batch_values(critic: PreTrainedModel, batch: RolloutBatch,
-                 micro_batch_size: int) -> torch.Tensor:
-    """No-grad critic values of every response token in `batch`: [N, T] on the CPU."""
+def micro_batch_values(critic: PreTrainedModel, mb: MicroBatch) -> torch.Tensor:
+    """`sequence_values` of one micro-batch, padded or packed: [n, t] float32."""
     device = next(critic.parameters()).device
+    if mb.packed:
+        return sequence_values(critic, mb.input_ids.to(device), None, mb.response_len,
+                               mb.position_ids.to(device), mb.predict_index.to(device))
+    return sequence_values(critic, mb.input_ids.to(device), mb.attention_mask.to(device),
+                           mb.response_len)
+
+
+@torch.no_grad()
+def batch_values(critic: PreTrainedModel, batch: RolloutBatch, micro_batch_size: int,
+                 multiple: int = 1, max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
+    """No-grad critic values of every response token in `batch`: [N, T] on the CPU; the
+    arguments after `batch` are a `Layout`."""
     out = torch.zeros(batch.response_ids.shape)  # [N, T]
-    for mb in iter_micro_batches(batch, micro_batch_size):
-        values = sequence_values(critic, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                 mb.response_len)
-        out[mb.rows, : mb.response_len] = values.cpu()
+    for mb in iter_layout(batch, Layout(micro_batch_size, multiple, max_tokens, packed)):
+        out[mb.rows, : mb.response_len] = micro_batch_values(critic, mb).cpu()
     return out * batch.response_mask.float()

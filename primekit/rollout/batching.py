@@ -1,12 +1,23 @@
-"""Micro-batches of a rollout batch: the one place rows are chunked and padding is trimmed.
+"""Micro-batches of a rollout batch: the one place rows are chunked, padding trimmed or removed.
 
 Every forward and backward pass over a `RolloutBatch` (old-policy, reference, PRM, critic and
-explicit reward model forwards; the policy, PRM and critic updates) iterates
-`iter_micro_batches`, so the same (size, multiple) always gives the same rows and the same
-padding. That matters beyond speed: two copies of one model scored on equal micro-batches give
-bitwise-equal log-probs, so an untouched implicit PRM gives process rewards of exactly zero.
+explicit reward model forwards; the policy, PRM and critic updates) iterates micro-batches from
+here, so the same `Layout` always gives the same micro-batches. That matters beyond speed: two
+copies of one model scored on equal micro-batches give bitwise-equal log-probs, so an untouched
+implicit PRM gives process rewards of exactly zero.
 
-Notation: N rows, P prompt columns, T response columns; a row is
+Two ways to cut a pass (a `Layout`):
+- by rows (`max_tokens=0`): consecutive chunks of `rows` rows, each padded to its longest prompt
+  and response (the original layout);
+- by a token budget (`max_tokens>0`): rows, whole groups of `multiple` at a time, longest first,
+  are added to a micro-batch while the tokens it computes stay within the budget. Padded
+  (`packed=False`), the sort puts rows of similar length together so little padding is left;
+  packed (`packed=True`), almost none: each micro-batch's sequences are laid end to end in
+  packed rows (first-fit decreasing, rows 1.5x its longest sequence), position ids restart
+  at 0 for each sequence and attention stays inside each sequence (transformers' packed-sequence
+  path: with no attention mask it derives a block-diagonal causal mask from the position ids).
+
+Notation: N rows, P prompt columns, T response columns; a row of the batch is
 [left-padding | prompt | response | right-padding].
 """
 
@@ -14,29 +25,71 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from primekit.rollout.base import RolloutBatch
 
 
+class Layout(NamedTuple):
+    """How the rows of one pass are cut into micro-batches (one forward each).
+
+    rows: rows per micro-batch when cut by rows (max_tokens == 0).
+    multiple: micro-batches keep whole runs of this many consecutive rows (groups of K).
+    max_tokens: > 0: a token budget per micro-batch instead of `rows` (a group longer than the
+        budget gets a micro-batch of its own); tokens computed, padding included.
+    packed: padding-free packed rows (see the module docstring); needs max_tokens > 0.
+
+    A tuple, so that `batch_logprobs(model, batch, *layout)` reads naturally.
+    """
+
+    rows: int
+    multiple: int = 1
+    max_tokens: int = 0
+    packed: bool = False
+
+
 @dataclass
 class MicroBatch:
-    """Rows of a batch, trimmed to their longest prompt p and longest response t.
+    """Some rows of a batch, as the model's inputs.
 
-    rows: [n] long, indices into the batch (or into the `rows` subset's batch).
-    input_ids / attention_mask: [n, p + t], the model's inputs.
-    response_len: t; the response occupies the last t columns.
+    rows: [n] long, indices into the batch.
+    response_len: t, the longest response among the rows; outputs are [n, t].
+    Padded layout: input_ids / attention_mask [n, p + t], the rows trimmed to their longest prompt
+        p and response t; the response occupies the last t columns; position_ids None (derived
+        from the mask).
+    Packed layout: input_ids / position_ids [r, C], r packed rows of C columns holding the n
+        sequences end to end (trailing columns of a row are padding, a segment of their own);
+        attention_mask None; predict_index [n, t], the flat index into the r*C columns of the
+        column whose hidden state predicts response token j of row i (-1 on response padding).
+    response_mask: [n, t] bool, the rows' valid response tokens.
     """
 
     rows: torch.Tensor
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
     response_len: int
+    response_mask: torch.Tensor
+    position_ids: torch.Tensor | None = None
+    predict_index: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.predict_index is not None
+
+    @property
+    def tokens_computed(self) -> int:
+        """Columns the forward computes, padding included."""
+        return self.input_ids.numel()
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(self.rows, self.input_ids.to(device), self.attention_mask.to(device),
-                          self.response_len)
+        def move(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.to(device)
+
+        return MicroBatch(self.rows, self.input_ids.to(device), move(self.attention_mask),
+                          self.response_len, self.response_mask.to(device),
+                          move(self.position_ids), move(self.predict_index))
 
 
 def row_chunks(n: int, size: int, multiple: int = 1) -> Iterator[torch.Tensor]:
@@ -50,7 +103,7 @@ def row_chunks(n: int, size: int, multiple: int = 1) -> Iterator[torch.Tensor]:
 
 
 def micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
-    """The model inputs of `rows`, trimmed to the longest prompt and response among them.
+    """The padded model inputs of `rows`, trimmed to the longest prompt and response among them.
 
     Trimming matters on a CPU: a micro-batch of short responses should not pay for the batch's
     longest one.
@@ -62,16 +115,105 @@ def micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
     P = batch.prompt_ids.size(1)
     input_ids = torch.cat([batch.prompt_ids[rows, P - p :], batch.response_ids[rows, :t]], 1)
     attention = torch.cat([prompt_mask[:, P - p :], response_mask[:, :t]], 1)  # [n, p + t]
-    return MicroBatch(rows, input_ids, attention.long(), t)
+    return MicroBatch(rows, input_ids, attention.long(), t, response_mask[:, :t].bool())
+
+
+# Packed rows are PACKED_ROW_FACTOR times the micro-batch's longest sequence. With sdpa on a CPU
+# the block-diagonal mask is dense, so a row's attention costs C^2 whatever it holds: one row
+# for the whole micro-batch was 4.6x slower than padded rows (benchmark in the issue 20 report);
+# rows as long as the longest sequence left 19% padding (0.84x the padded time), 1.5x left 7%
+# (0.72x), 2x left 8% (0.78x): measured on the tiny model, 64 rows, forward + backward.
+PACKED_ROW_FACTOR = 1.5
+
+
+def packed_micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
+    """The padding-free model inputs of `rows`: their sequences (prompt + response, no padding)
+    placed first-fit decreasing in packed rows of PACKED_ROW_FACTOR x the longest sequence."""
+    P = batch.prompt_ids.size(1)
+    p_len = batch.prompt_mask[rows].sum(1).tolist()  # [n]
+    t_len = batch.response_mask[rows].sum(1).tolist()  # [n]
+    lengths = [p + t for p, t in zip(p_len, t_len)]
+    C = min(int(max(lengths) * PACKED_ROW_FACTOR), sum(lengths))
+    free: list[int] = []  # free columns of each packed row
+    place: list[tuple[int, int]] = [(0, 0)] * len(lengths)  # (packed row, first column)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r, f in enumerate(free) if f >= lengths[i]), len(free))
+        if r == len(free):
+            free.append(C)
+        place[i] = (r, C - free[r])
+        free[r] -= lengths[i]
+    # Padding columns are never attended to from a sequence nor read: any id will do.
+    input_ids = torch.zeros((len(free), C), dtype=batch.prompt_ids.dtype)  # [r, C]
+    position_ids = torch.arange(C).repeat(len(free), 1)  # [r, C]; trailing padding: own segment
+    t = max(max(t_len), 1)
+    predict_index = torch.full((len(lengths), t), -1)  # [n, t]
+    for i, row in enumerate(rows.tolist()):
+        r, c = place[i]
+        p, n_resp = p_len[i], t_len[i]
+        seq = torch.cat([batch.prompt_ids[row, P - p :], batch.response_ids[row, :n_resp]])
+        input_ids[r, c : c + p + n_resp] = seq
+        position_ids[r, c : c + p + n_resp] = torch.arange(p + n_resp)
+        # Response token j sits at column c + p + j, predicted by the column before it.
+        predict_index[i, :n_resp] = r * C + c + p - 1 + torch.arange(n_resp)
+    # Padding after the last sequence of a row restarts at 0, so it is a segment of its own.
+    for r, f in enumerate(free):
+        if f:
+            position_ids[r, C - f :] = torch.arange(f)
+    response_mask = batch.response_mask[rows, :t].bool()  # [n, t]
+    return MicroBatch(rows, input_ids, None, t, response_mask, position_ids, predict_index)
+
+
+def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout,
+                         ) -> Iterator[torch.Tensor]:
+    """Whole groups of `layout.multiple` rows, longest group first, gathered into chunks whose
+    tokens computed stay within `layout.max_tokens` (a single group may exceed it alone)."""
+    k = layout.multiple
+    if len(rows) % k:
+        raise ValueError(f"{len(rows)} rows do not split into whole groups of {k}")
+    p_len = batch.prompt_mask[rows].sum(1)  # [n]
+    t_len = batch.response_mask[rows].sum(1)  # [n]
+    groups = rows.view(-1, k)  # [n/k, k]
+    g_p, g_t = p_len.view(-1, k), t_len.view(-1, k)  # [n/k, k]
+    g_len = (g_p + g_t).max(1).values  # [n/k], the group's longest sequence
+    # Sorted by length (ties by position, so the order is deterministic).
+    order = sorted(range(len(groups)), key=lambda g: (-int(g_len[g]), g))
+    chunk: list[int] = []
+    max_p = max_t = total = 0
+    for g in order:
+        gp, gt, gl = int(g_p[g].max()), int(g_t[g].max()), int((g_p[g] + g_t[g]).sum())
+        if layout.packed:
+            cost = total + gl
+        else:
+            cost = (len(chunk) + 1) * k * (max(max_p, gp) + max(max_t, gt))
+        if chunk and cost > layout.max_tokens:
+            yield groups[chunk].reshape(-1)
+            chunk, max_p, max_t, total = [], 0, 0, 0
+        chunk.append(g)
+        max_p, max_t, total = max(max_p, gp), max(max_t, gt), total + gl
+    if chunk:
+        yield groups[chunk].reshape(-1)
+
+
+def iter_layout(batch: RolloutBatch, layout: Layout,
+                rows: torch.Tensor | None = None) -> Iterator[MicroBatch]:
+    """The micro-batches of `layout` over `rows` (default: all rows; a mini-batch's indices).
+
+    The micro-batches' `rows` index the whole batch, whatever order they come in.
+    """
+    if layout.packed and layout.max_tokens <= 0:
+        raise ValueError("a packed layout needs a token budget (max_tokens > 0)")
+    rows = torch.arange(len(batch.responses)) if rows is None else rows
+    if layout.max_tokens <= 0:
+        for chunk in row_chunks(len(rows), layout.rows, layout.multiple):
+            yield micro_batch(batch, rows[chunk])
+        return
+    build = packed_micro_batch if layout.packed else micro_batch
+    for chunk in _token_budget_chunks(batch, rows, layout):
+        yield build(batch, chunk)
 
 
 def iter_micro_batches(batch: RolloutBatch, size: int, multiple: int = 1,
                        rows: torch.Tensor | None = None) -> Iterator[MicroBatch]:
-    """Micro-batches of `size` rows (a multiple of `multiple`) over `rows` (default: all rows).
-
-    With `rows` (a mini-batch's indices) the micro-batches are chunks of that subset and their
-    `rows` index the whole batch.
-    """
-    n = len(batch.responses) if rows is None else len(rows)
-    for chunk in row_chunks(n, size, multiple):
-        yield micro_batch(batch, chunk if rows is None else rows[chunk])
+    """Padded micro-batches of `size` rows (a multiple of `multiple`) over `rows` (default: all
+    rows): `iter_layout` with `Layout(size, multiple)`."""
+    yield from iter_layout(batch, Layout(size, multiple), rows)

@@ -1,0 +1,190 @@
+"""Packed and token-budget micro-batches (rollout/batching.py) against the padded layout.
+
+The padded, row-count layout is the reference: the packed layout and the length-sorted token
+budget must give the same log-probs, values, losses and gradients (fp32, within 1e-6).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primekit.models.logprobs import (
+    batch_logprobs,
+    batch_values,
+    micro_batch_logprobs,
+    micro_batch_values,
+    sequence_logprobs,
+)
+from primekit.rollout.base import RolloutBatch
+from primekit.rollout.batching import Layout, iter_layout, packed_micro_batch
+
+PAD = 0
+
+
+def _batch(prompts: list[list[int]], responses: list[list[int]]) -> RolloutBatch:
+    """Rows [left pad | prompt | response | right pad] from ragged token lists."""
+    P, T, n = max(map(len, prompts)), max(map(len, responses)), len(prompts)
+    prompt_ids, prompt_mask = torch.full((n, P), PAD), torch.zeros((n, P), dtype=torch.long)
+    response_ids, response_mask = torch.full((n, T), PAD), torch.zeros((n, T), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        prompt_ids[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
+        response_ids[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
+    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, torch.zeros(n, T),
+                        torch.ones(n, dtype=torch.bool), [str(r) for r in responses])
+
+
+def _random_batch(n: int, seed: int = 0) -> RolloutBatch:
+    """n rows with prompts of 3-12 and responses of 1-20 tokens (ids 3..98 of the tiny vocab)."""
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(3, 13, (n,), generator=g).tolist()
+    r_len = torch.randint(1, 21, (n,), generator=g).tolist()
+    return _batch([torch.randint(3, 99, (p,), generator=g).tolist() for p in p_len],
+                  [torch.randint(3, 99, (r,), generator=g).tolist() for r in r_len])
+
+
+def test_packed_micro_batch_by_hand():
+    # Lengths 4, 4, 2: rows are int(1.5 * 4) = 6 columns. First-fit decreasing: sequence 0 in
+    # row 0 (2 columns left), sequence 1 does not fit there -> row 1, sequence 2 fills row 0.
+    b = _batch([[5, 6], [7], [4]], [[8, 1], [9, 9, 9], [3]])
+    mb = packed_micro_batch(b, torch.arange(3))
+    assert mb.packed and mb.attention_mask is None and mb.response_len == 3
+    assert mb.input_ids.tolist() == [[5, 6, 8, 1, 4, 3], [7, 9, 9, 9, PAD, PAD]]
+    # Positions restart at 0 for each sequence; row 1's two padding columns are a segment too.
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]]
+    # Response token j of a sequence starting at flat column s with p prompt tokens is predicted
+    # by column s + p - 1 + j: sequence 0 at 0 (p=2) -> 1, 2; sequence 1 at 6 (row 1, p=1) ->
+    # 6, 7, 8; sequence 2 at 4 (p=1) -> 4.
+    assert mb.predict_index.tolist() == [[1, 2, -1], [6, 7, 8], [4, -1, -1]]
+    assert mb.response_mask.tolist() == [[True, True, False], [True, True, True],
+                                         [True, False, False]]
+    assert mb.tokens_computed == 12  # 10 tokens + 2 padding
+
+
+def test_token_budget_keeps_whole_groups_longest_first():
+    # Groups of K=2: group 0 = rows 0, 1 with (prompt, response) lengths (2, 2), (1, 3);
+    # group 1 = rows 2, 3 with (1, 1), (1, 1).
+    b = _batch([[5, 6], [7], [4], [4]], [[8, 1], [9, 9, 9], [3], [3]])
+    rows = lambda layout: [mb.rows.tolist() for mb in iter_layout(b, layout)]  # noqa: E731
+    # Packed cost = tokens: group 0 = 4 + 4 = 8, group 1 = 2 + 2 = 4; 8 + 4 = 12.
+    assert rows(Layout(99, 2, 11, packed=True)) == [[0, 1], [2, 3]]
+    assert rows(Layout(99, 2, 12, packed=True)) == [[0, 1, 2, 3]]
+    # Padded cost = rows x (longest prompt + longest response): group 0 alone 2 x (2 + 3) = 10,
+    # both 4 x (2 + 3) = 20.
+    assert rows(Layout(99, 2, 19)) == [[0, 1], [2, 3]]
+    assert rows(Layout(99, 2, 20)) == [[0, 1, 2, 3]]
+    # A budget below one group still gives each group a micro-batch; longest group first.
+    assert rows(Layout(99, 2, 1)) == [[0, 1], [2, 3]]
+    # Rows alone (max_tokens 0): consecutive chunks of whole groups, as before.
+    assert rows(Layout(3, 2)) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="token budget"):
+        next(iter_layout(b, Layout(4, 2, 0, packed=True)))
+    with pytest.raises(ValueError, match="whole groups"):
+        next(iter_layout(b, Layout(4, 3, 10)))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).float().eval()
+
+
+LAYOUTS = {"padded-rows": Layout(8, 2), "sorted-tokens": Layout(8, 2, 200),
+           "packed-tokens": Layout(8, 2, 200, packed=True),
+           "packed-one": Layout(8, 2, 10_000, packed=True)}
+
+
+def test_batch_logprobs_agree_over_layouts(model):
+    # The old-log-prob and reference passes (batch_logprobs), 24 ragged rows.
+    b = _random_batch(24)
+    base = batch_logprobs(model, b, *LAYOUTS["padded-rows"])
+    assert base.abs().sum() > 0
+    for name, layout in LAYOUTS.items():
+        if layout.max_tokens:
+            assert len(list(iter_layout(b, layout))) >= (1 if layout.max_tokens > 1000 else 3)
+        torch.testing.assert_close(batch_logprobs(model, b, *layout), base, rtol=0, atol=1e-6,
+                                   msg=name)
+
+
+def test_packed_reference_and_prm_copies_score_exactly_zero(model, tiny_model_dir):
+    # Two copies of one model in the same packed layout give bitwise-equal log-probs, so an
+    # untouched implicit PRM's rewards beta * (lp_prm - lp_ref) are exactly zero.
+    from transformers import AutoModelForCausalLM
+
+    copy = AutoModelForCausalLM.from_pretrained(tiny_model_dir).float().eval()
+    b = _random_batch(16, seed=3)
+    layout = LAYOUTS["packed-tokens"]
+    assert torch.equal(batch_logprobs(model, b, *layout), batch_logprobs(copy, b, *layout))
+
+
+def _weighted_loss_and_grads(model, b: RolloutBatch, layout: Layout, weights: torch.Tensor):
+    """sum over micro-batches of sum(w * logprobs + 0.1 * entropy on valid tokens), with its
+    gradient: a stand-in loss whose value depends on every token's log-prob and entropy."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for mb in iter_layout(b, layout):
+        lp, ent = micro_batch_logprobs(model, mb, compute_entropy=True)  # [n, t]
+        w = weights[mb.rows, : mb.response_len]
+        loss = (w * lp + 0.1 * ent * mb.response_mask).sum() / b.response_mask.sum()
+        loss.backward()
+        total += float(loss.detach())
+    return total, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def test_policy_style_loss_and_gradients_agree_over_layouts(model):
+    b = _random_batch(24, seed=1)
+    weights = torch.randn(b.response_ids.shape, generator=torch.Generator().manual_seed(2))
+    model.train()
+    try:
+        base_loss, base_grads = _weighted_loss_and_grads(model, b, LAYOUTS["padded-rows"], weights)
+        for name, layout in LAYOUTS.items():
+            loss, grads = _weighted_loss_and_grads(model, b, layout, weights)
+            assert abs(loss - base_loss) <= 1e-6, name
+            for k, g in grads.items():
+                torch.testing.assert_close(g, base_grads[k], rtol=0, atol=1e-6, msg=f"{name} {k}")
+    finally:
+        model.eval()
+
+
+def test_flattened_packed_rows_give_the_same_logprobs(model):
+    # Flash attention's packed path takes one row: the rows of a packed micro-batch laid end to
+    # end ([1, R*C]) keep every flat column index, so predict_index still holds.
+    b = _random_batch(12, seed=4)
+    mb = packed_micro_batch(b, torch.arange(12))
+    assert mb.input_ids.shape[0] > 1
+    with torch.no_grad():
+        rows, _ = sequence_logprobs(model, mb.input_ids, None, mb.response_len,
+                                    position_ids=mb.position_ids, predict_index=mb.predict_index)
+        flat, _ = sequence_logprobs(model, mb.input_ids.reshape(1, -1), None, mb.response_len,
+                                    position_ids=mb.position_ids.reshape(1, -1),
+                                    predict_index=mb.predict_index)
+    torch.testing.assert_close(flat, rows, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="packed layout"):
+        sequence_logprobs(model, mb.input_ids, torch.ones_like(mb.input_ids), mb.response_len,
+                          position_ids=mb.position_ids, predict_index=mb.predict_index)
+
+
+def test_critic_values_and_gradients_agree_over_layouts(tiny_model_dir):
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(0)  # the value head is freshly initialised
+    critic = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=1).float()
+    b = _random_batch(24, seed=5)
+    base = batch_values(critic.eval(), b, *LAYOUTS["padded-rows"])
+    targets = torch.randn(b.response_ids.shape, generator=torch.Generator().manual_seed(6))
+
+    def grads(layout):
+        critic.zero_grad(set_to_none=True)
+        for mb in iter_layout(b, layout):
+            v = micro_batch_values(critic, mb)  # [n, t]
+            err = (v - targets[mb.rows, : mb.response_len]) * mb.response_mask
+            (err.square().sum() / b.response_mask.sum()).backward()
+        return {k: p.grad.clone() for k, p in critic.named_parameters()}
+
+    base_grads = grads(LAYOUTS["padded-rows"])
+    for name, layout in LAYOUTS.items():
+        torch.testing.assert_close(batch_values(critic, b, *layout), base, rtol=0, atol=1e-6,
+                                   msg=name)
+        for k, g in grads(layout).items():
+            torch.testing.assert_close(g, base_grads[k], rtol=0, atol=1e-6, msg=f"{name} {k}")
