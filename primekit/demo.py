@@ -56,6 +56,28 @@ def claim_run_dir(run_dir: Path) -> None:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
+# What a PRIME run directory may hold, in the order the closing line names them.
+RUN_OUTPUTS = ("checkpoints", "final", "metrics.jsonl", "samples.jsonl", "tensorboard")
+
+
+def run_outputs(rl_dir: Path) -> str:
+    """The closing line about the PRIME run: only what it wrote (TensorBoard events only when
+    the tensorboard package was there to write them)."""
+    def wrote(name: str) -> bool:
+        path = rl_dir / name
+        if path.is_dir():
+            return any(path.rglob("events.out.tfevents*" if name == "tensorboard" else "*"))
+        return path.is_file()
+
+    names = [n for n in RUN_OUTPUTS if wrote(n)]
+    line = f"PRIME run ({', '.join(names) or 'nothing written'}): {rl_dir}"
+    if "tensorboard" not in names:
+        line += ("\nno TensorBoard events (tensorboard is not installed or train.report_to "
+                 "leaves it out: pip install 'primekit[tensorboard]'); the metrics are in "
+                 "metrics.jsonl, and `primekit dashboard " + str(rl_dir) + "` draws them")
+    return line
+
+
 def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict:
     """The demo, owning run_dir (see the module docstring); returns the summary."""
     from primekit.trainer import rundir, signals
@@ -126,8 +148,8 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
     print_table(f"primekit demo: {len(trainer.eval_problems)} held-out problems", rows)
     gain = rl_eval["eval/pass@1_greedy"] - sft_eval["eval/pass@1_greedy"]
     console.print(f"greedy pass@1 change: {100 * gain:+.1f} points; total wall time {wall:.0f} s")
-    console.print(f"SFT model: {sft_dir}\nPRIME run (checkpoints, metrics.jsonl, tensorboard): "
-                  f"{rl_dir}")
+    console.print(f"SFT model: {sft_dir}\n{run_outputs(rl_dir)}", markup=False,
+                  highlight=False, soft_wrap=True)
     summary = {"sft": sft_eval, "prime": rl_eval, "wall_s": wall, "rl_wall_s": rl_wall,
                "sft_wall_s": sft["sft/wall_s"], "rl_steps": cfg.train.steps}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
