@@ -14,7 +14,7 @@ import torch
 from primekit import distributed as dist
 from primekit.config import Config, ConfigError
 from primekit.data.splits import verifier_task
-from primekit.models.hf import check_model_path, load_model
+from primekit.models.hf import check_model_path, load_model, load_model_config, load_value_model
 from primekit.models.logprobs import critic_values, score_tokens
 from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
@@ -124,16 +124,13 @@ def build_critic(cfg: Config, device: torch.device) -> torch.nn.Module:
     the critic's 2-step update by 16-22% in norm (1.8e-6 without dropout), and 2 ranks by as much.
     TRL's trainers likewise disable dropout in their models (`disable_dropout_in_model`).
     """
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
     path = cfg.model.critic or cfg.model.policy
     check_model_path(path, "model.critic")
-    config = AutoConfig.from_pretrained(path, num_labels=1,
-                                        trust_remote_code=cfg.model.trust_remote_code)
+    trust = cfg.model.trust_remote_code
+    config = load_model_config(path, num_labels=1, trust_remote_code=trust)
     config.classifier_dropout = 0.0
-    critic = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=torch.float32,
-        trust_remote_code=cfg.model.trust_remote_code).to(device)
+    critic = load_value_model(path, config=config, dtype=torch.float32, device=device,
+                              trust_remote_code=trust)
     return prepare_model(critic, placement(cfg, trainable=True), critic_values)
 
 

@@ -34,16 +34,11 @@ def read_model_shape(source: str, trust_remote_code: bool = False,
                      field: str = "--model-config") -> mem.ModelShape:
     """The ModelShape of a local directory, a config.json file or a hub id (transformers
     AutoConfig), or a one-line ConfigError naming the source and the `field` it came from."""
-    import os
-
-    from transformers import AutoConfig
-
-    from primekit.models.hf import check_model_path
+    from primekit.models.hf import check_model_path, load_model_config
 
     check_model_path(source, field)
     try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(source),
-                                            trust_remote_code=trust_remote_code)
+        config = load_model_config(source, trust_remote_code=trust_remote_code)
         return mem.shape_from_hf_config(config)
     except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -85,11 +85,10 @@ def check_model_dir(path: str | None, field: str, *, tokenizer: bool = False) ->
 
 def context_length(path: str, trust_remote_code: bool) -> int | None:
     """The model's longest sequence (max_position_embeddings or n_positions), if it says."""
-    from transformers import AutoConfig
+    from primekit.models.hf import load_model_config
 
     try:
-        config = AutoConfig.from_pretrained(str(Path(path).expanduser()),
-                                            trust_remote_code=trust_remote_code)
+        config = load_model_config(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.policy: cannot read the model config of {path!r}: "
                           f"{str(e).splitlines()[0]}") from None
@@ -203,7 +202,7 @@ def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None)
     for field, path in (roles or {}).items():
         check_model_dir(path, field)
     try:
-        tokenizer = load_tokenizer(cfg.model.policy)
+        tokenizer = load_tokenizer(cfg.model.policy, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.policy: cannot load the tokenizer of {cfg.model.policy!r}: "
                           f"{str(e).splitlines()[0]}") from None

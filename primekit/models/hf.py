@@ -1,4 +1,10 @@
-"""Loading and saving Hugging Face causal LMs and tokenizers (local directories or hub ids)."""
+"""Loading and saving Hugging Face models and tokenizers (local directories or hub ids).
+
+The one builder: every command (train, sft, eval, label, train-orm/-prm, hack-check, heatmap,
+rerank, plan, export) loads models, tokenizers and model configs through the functions here,
+which are primekit's only callers of `from_pretrained` (tests/models/test_hf_io.py checks it), so
+`model.trust_remote_code` reaches every load, the tokenizer's included.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,18 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from primekit.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import (
+        GenerationConfig,
+        PretrainedConfig,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+    )
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
 
@@ -57,36 +68,85 @@ def load_model(
     Raises FileNotFoundError naming the path when a local directory is missing, and OSError naming
     the id when a hub id cannot be fetched (offline, typo, gated).
     """
-    import torch
     from transformers import AutoModelForCausalLM
 
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES} or a torch.dtype, got {dtype!r}")
-        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    elif isinstance(dtype, torch.dtype):
-        torch_dtype = dtype
-    else:
-        raise ValueError(f"dtype must be a string or torch.dtype, got {dtype!r}")
     _check_source(name_or_path, "model")
     source = os.path.expanduser(str(name_or_path))
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            source, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code
         )
     except OSError as err:
         raise OSError(f"cannot load model {str(name_or_path)!r}: {err}") from err
     return model.to(device)
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+def load_value_model(
+    name_or_path: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    config: PretrainedConfig | None = None,
+) -> PreTrainedModel:
+    """A token-classification model with one label (a scalar per token): a critic, an ORM or a
+    step-level PRM. From a causal-LM checkpoint the score head is new (initialised from the global
+    RNG); `config` replaces the checkpoint's (e.g. one without dropout, `load_model_config`)."""
+    from transformers import AutoModelForTokenClassification
+
+    _check_source(name_or_path, "model")
+    source = os.path.expanduser(str(name_or_path))
+    kwargs: dict[str, Any] = {"config": config} if config is not None else {"num_labels": 1}
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(
+            source, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code, **kwargs
+        )
+    except OSError as err:
+        raise OSError(f"cannot load model {str(name_or_path)!r}: {err}") from err
+    return model.to(device)
+
+
+def load_model_config(name_or_path: str | os.PathLike, *, trust_remote_code: bool = False,
+                      **overrides: Any) -> PretrainedConfig:
+    """A model's transformers config (config.json of a directory, a file, or a hub id), with
+    `overrides` set on it (e.g. num_labels=1)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(os.path.expanduser(str(name_or_path)),
+                                      trust_remote_code=trust_remote_code, **overrides)
+
+
+def load_generation_config(name_or_path: str | os.PathLike) -> GenerationConfig | None:
+    """A model's generation_config.json, or None when it has none. (Plain JSON: no remote code.)"""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(os.path.expanduser(str(name_or_path)))
+    except OSError:  # no generation_config.json
+        return None
+
+
+def _torch_dtype(dtype: str | torch.dtype):
+    import torch
+
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES} or a torch.dtype, got {dtype!r}")
+        return dtype if dtype == "auto" else getattr(torch, dtype)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    raise ValueError(f"dtype must be a string or torch.dtype, got {dtype!r}")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *,
+                   trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """Load a tokenizer, with a pad token (falls back to eos) and left padding (for prompts)."""
     from transformers import AutoTokenizer
 
     _check_source(name_or_path, "tokenizer")
     source = os.path.expanduser(str(name_or_path))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise OSError(f"cannot load tokenizer {str(name_or_path)!r}: {err}") from err
     if tokenizer.pad_token is None:

@@ -250,7 +250,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
     if source == "demos":
         from primekit.models.hf import load_tokenizer
 
-        tokenizer = load_tokenizer(prm_path)
+        tokenizer = load_tokenizer(prm_path, trust_remote_code=cfg.model.trust_remote_code)
         problems = [p for p in load_splits(cfg)[1] if p.solution][:num_responses]
         responses = [p.solution for p in problems]
     else:

@@ -39,13 +39,12 @@ def init_reward_model(
     The LM head is dropped; the score head is initialised by transformers from the seeded RNG
     (without touching the caller's global RNG stream).
     """
-    from transformers import AutoModelForTokenClassification
+    from primekit.models.hf import load_value_model
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForTokenClassification.from_pretrained(
-            str(base), num_labels=1, dtype=torch.float32, trust_remote_code=trust_remote_code
-        )
+        model = load_value_model(str(base), dtype=torch.float32,
+                                 trust_remote_code=trust_remote_code)
     return model.to(device)
 
 
@@ -58,14 +57,12 @@ def load_reward_model(
 ):
     """A trained reward model (`primekit train-orm` / `train-prm` output), frozen, in eval mode,
     its weights in `dtype`."""
-    from transformers import AutoModelForTokenClassification
+    from primekit.models.hf import load_value_model
 
     p = Path(path).expanduser()
     if not p.is_dir():
         raise FileNotFoundError(f"reward model directory not found: {str(path)!r}")
-    model = AutoModelForTokenClassification.from_pretrained(
-        str(p), num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
-    )
+    model = load_value_model(str(p), dtype=dtype, trust_remote_code=trust_remote_code)
     if model.config.num_labels != 1:
         raise ValueError(f"reward model {str(path)!r} has {model.config.num_labels} labels, need 1")
     return set_trainable(model.to(device), False)

@@ -215,7 +215,7 @@ def sampling_setup(cfg, model_path: str, *, seed: int, path_field: str) -> Sampl
     seed_everything(seed)
     check_model_path(model_path, path_field)
     device = resolve_device(cfg.train.device)
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code)
     policy = load_model(
         model_path,
         dtype=model_dtype(cfg.model.dtype),

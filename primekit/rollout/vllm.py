@@ -96,13 +96,11 @@ class VLLMRolloutEngine:
 
         self.tokenizer = tokenizer
         if eos_token_ids is None:  # the HF engine's default, so both stop on the same tokens
-            from transformers import GenerationConfig
+            from primekit.models.hf import load_generation_config
 
             eos_token_ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-            try:
-                gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-            except OSError:  # no generation_config.json
-                gen_eos = None
+            generation = load_generation_config(model_path)  # None: no generation_config.json
+            gen_eos = generation.eos_token_id if generation is not None else None
             eos_token_ids += (
                 gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
             )

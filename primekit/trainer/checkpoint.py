@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from primekit import distributed as dist
+from primekit.models import hf
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -468,10 +469,13 @@ def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None =
     unknown = sorted(set(names) - set(available))
     if unknown:
         raise ValueError(f"{unknown} have no HF config in {path} (exportable: {available})")
+    # The run's own model.trust_remote_code reads its configs and tokenizers (hf.py).
+    saved = json.loads((path / "trainer_state.json").read_text()).get("config") or {}
+    trust = bool(saved.get("model", {}).get("trust_remote_code", False))
     exported = {}
     for name in names:
         src = path / HF / name
-        config = transformers.AutoConfig.from_pretrained(src)
+        config = hf.load_model_config(src, trust_remote_code=trust)
         arch = (getattr(config, "architectures", None) or [None])[0]
         cls = getattr(transformers, arch or "", None)
         if cls is None:
@@ -486,8 +490,8 @@ def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None =
         dest = out_dir / name
         model.save_pretrained(dest, safe_serialization=True)
         if (src / "tokenizer_config.json").is_file():
-            transformers.AutoTokenizer.from_pretrained(src).save_pretrained(dest)
+            hf.load_tokenizer(src, trust_remote_code=trust).save_pretrained(dest)
         if (src / "generation_config.json").is_file():
-            transformers.GenerationConfig.from_pretrained(src).save_pretrained(dest)
+            hf.load_generation_config(src).save_pretrained(dest)
         exported[name] = dest
     return exported

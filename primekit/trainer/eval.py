@@ -105,8 +105,10 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     check_eval_size(cfg, heldout)  # before the model loads
     heldout = heldout[: cfg.eval.num_problems]
     device = resolve_device(cfg.train.device)
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, dtype=model_dtype(cfg.model.dtype), device=str(device)).eval()
+    trust = cfg.model.trust_remote_code
+    tokenizer = load_tokenizer(model_path, trust_remote_code=trust)
+    model = load_model(model_path, dtype=model_dtype(cfg.model.dtype), device=str(device),
+                       trust_remote_code=trust).eval()
     engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
     return dist.reduce_metrics(evaluate_heldout(
         engine, build_verifier(verifier_task(cfg), cfg.verifier), heldout,

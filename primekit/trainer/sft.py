@@ -71,8 +71,10 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
         from primekit.models.tiny import build_tiny_model
 
         init = str(build_tiny_model(out_dir.parent / "tiny-init", seed=s.seed))
-    tokenizer = load_tokenizer(init)
-    model = load_model(init, dtype=model_dtype(cfg.model.dtype), device=str(device))
+    trust = cfg.model.trust_remote_code
+    tokenizer = load_tokenizer(init, trust_remote_code=trust)
+    model = load_model(init, dtype=model_dtype(cfg.model.dtype), device=str(device),
+                       trust_remote_code=trust)
     model.train()
 
     prompt_ids = encode_prompts(tokenizer, train, cfg)

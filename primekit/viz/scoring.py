@@ -67,8 +67,10 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
         check_model_path(path, field)
     device = str(resolve_device(cfg.train.device))
     dtype = model_dtype(cfg.model.dtype)
-    tokenizer = load_tokenizer(model)
-    policy, prm_model, ref_model = (load_model(p, dtype=dtype, device=device).eval()
+    trust = cfg.model.trust_remote_code
+    tokenizer = load_tokenizer(model, trust_remote_code=trust)
+    policy, prm_model, ref_model = (load_model(p, dtype=dtype, device=device,
+                                               trust_remote_code=trust).eval()
                                     for p in (model, prm, ref))
     _, heldout = load_splits(cfg)
     problems = [p for p in heldout[:num_problems] for _ in range(k)]  # [N]
