@@ -28,8 +28,9 @@ def _common(p: argparse.ArgumentParser, serve: bool) -> None:
 
 def _models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="policy checkpoint that samples the responses")
-    p.add_argument("--prm", required=True, help="implicit PRM checkpoint (e.g. a run's "
-                   "checkpoints/step_N/prm)")
+    p.add_argument("--prm", required=True, help="implicit PRM, a Hugging Face model directory "
+                   "(a finished run's RUN/final/prm, or RUN/export/step_N/prm from `primekit "
+                   "export RUN`)")
     p.add_argument("--ref", default=None, help="reference model (default: --model)")
     p.add_argument("--problems", type=int, default=None, help="held-out problems "
                    "(default viz.num_problems)")
