@@ -27,6 +27,12 @@ def sample_next_token(
     logprobs are log softmax(logits / temperature) at the drawn token, before top-p truncation
     (softmax(logits) for greedy, temperature 0). Top-p keeps the smallest prefix of the
     probability-sorted vocabulary whose mass reaches top_p (always at least one token).
+
+    Sampling is by inverse CDF: one uniform u ~ U[0, 1) per row from `generator`, and the token
+    is the first index whose cumulative probability exceeds u * (total mass), i.e. token i with
+    probability p_i / sum(p). That is the distribution `torch.multinomial` draws from, for one
+    random number per row instead of one exponential per row and vocabulary entry (what
+    multinomial's exponential-race kernel draws). The same generator state gives the same tokens.
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if params.temperature == 0:
@@ -34,18 +40,111 @@ def sample_next_token(
         logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
     all_logprobs = torch.log_softmax(logits / params.temperature, -1)  # [n, V]
-    probs = all_logprobs.exp()
+    probs = all_logprobs.exp()  # [n, V]
+    order = None
     if params.top_p < 1:
-        sorted_probs, order = probs.sort(-1, descending=True)
+        probs, order = probs.sort(-1, descending=True)  # [n, V] sorted, most probable first
         # Drop a token when the mass strictly before it already reaches top_p.
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-    if generator is not None and generator.device != probs.device:
-        tokens = torch.multinomial(probs.to(generator.device), 1, generator=generator)
-        tokens = tokens.to(probs.device).squeeze(-1)  # [n]
-    else:
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [n]
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= params.top_p, 0.0)
+    cdf = probs.cumsum(-1)  # [n, V]
+    device = generator.device if generator is not None else probs.device
+    u = torch.rand(probs.shape[0], generator=generator, device=device, dtype=cdf.dtype)  # [n]
+    x = u.to(probs.device) * cdf[:, -1]  # [n], in [0, total mass)
+    tokens = torch.searchsorted(cdf, x[:, None], right=True).squeeze(-1)  # [n]
+    # Rounding can make u * total equal to the total (index V): take the last token with
+    # probability > 0, which is where x just below the total lands.
+    over = tokens >= probs.shape[-1]
+    if bool(over.any()):
+        positive = probs[over] > 0  # [m, V]
+        last = positive.shape[-1] - 1 - positive.flip(-1).int().argmax(-1)  # [m]
+        tokens = tokens.masked_scatter(over, last)
+    if order is not None:
+        tokens = order.gather(-1, tokens[:, None]).squeeze(-1)  # back to vocabulary ids
     return tokens, all_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def preallocated_cache(config, capacity: int):
+    """A transformers DynamicCache whose full-attention layers write into preallocated
+    [batch, heads, capacity, head_dim] buffers in place (instead of `torch.cat` per step) and
+    hand the model a view of the filled positions, like transformers' StaticCache but without
+    StaticCache's attention over all `capacity` positions at every step.
+
+    Layers of other kinds (sliding-window, linear attention) stay as transformers makes them;
+    a transformers without per-layer caches (< 4.56) gets the plain DynamicCache.
+    """
+    from transformers import DynamicCache
+
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # transformers < 4.56: no per-layer cache classes
+        return DynamicCache()
+    cache = DynamicCache(config=config)
+    layer_class = _preallocated_layer_class(DynamicLayer)
+    cache.layers = [
+        layer_class(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
+    ]
+    return cache
+
+
+_LAYER_CLASSES: dict[type, type] = {}
+
+
+def _preallocated_layer_class(base: type) -> type:
+    """The preallocated subclass of transformers' DynamicLayer (built once, on first use, so
+    that importing this module does not import transformers)."""
+    if base in _LAYER_CLASSES:
+        return _LAYER_CLASSES[base]
+
+    class PreallocatedLayer(base):
+        """keys/values are views [b, h, length, d] of buffers [B, h, capacity, d]."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            self.device = key_states.device
+            b, h = key_states.shape[:2]
+            # [B, h, capacity, d]: keys and values may differ in head size.
+            self.key_buffer = key_states.new_zeros((b, h, self.capacity, key_states.shape[-1]))
+            self.value_buffer = value_states.new_zeros((b, h, self.capacity,
+                                                        value_states.shape[-1]))
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            b, new = key_states.shape[0], key_states.shape[-2]
+            end = self.length + new
+            if end > self.capacity:
+                raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
+            self.key_buffer[:b, :, self.length : end] = key_states
+            self.value_buffer[:b, :, self.length : end] = value_states
+            self.length = end
+            self.keys = self.key_buffer[:b, :, :end]  # [b, h, end, d], a view
+            self.values = self.value_buffer[:b, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            # Gather the filled positions of the kept rows to the front of the buffers.
+            b = len(indices)
+            self.key_buffer[:b, :, : self.length] = self.key_buffer[indices, :, : self.length]
+            self.value_buffer[:b, :, : self.length] = self.value_buffer[indices, :, : self.length]
+            self.keys = self.key_buffer[:b, :, : self.length]
+            self.values = self.value_buffer[:b, :, : self.length]
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("the rollout cache is never cropped")
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            raise NotImplementedError("the rollout cache is never repeated")
+
+    _LAYER_CLASSES[base] = PreallocatedLayer
+    return PreallocatedLayer
 
 
 class HFRolloutEngine:
@@ -157,8 +256,6 @@ class HFRolloutEngine:
     def _generate(
         self, prompts: list[list[int]], params: SamplingParams, generator
     ) -> RolloutBatch:
-        from transformers import DynamicCache
-
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         forward_params = inspect.signature(self.model.forward).parameters
         cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
@@ -177,20 +274,26 @@ class HFRolloutEngine:
         finished = torch.zeros(n, dtype=torch.bool, device=device)  # [n]
         eos = torch.tensor(self.eos_token_ids, device=device)
 
-        try:
-            cache = DynamicCache(config=self.model.config)
-        except TypeError:  # transformers < 4.56 takes no config
-            cache = DynamicCache()
+        # The KV cache and the attention mask are allocated once for P + T - 1 positions (the
+        # last sampled token is never fed back) and filled in place; the model sees views of
+        # the filled part, so attention covers only the positions written so far.
+        cache = preallocated_cache(self.model.config, P + T - 1)
+        attn_buf = torch.zeros((n, P + T - 1), dtype=torch.long, device=device)  # [n, P+T-1]
+        attn_buf[:, :P] = prompt_mask
+        # With SDPA the decode steps pass the 4-D boolean mask [m, 1, 1, kv] themselves (what
+        # transformers would build from the 2-D mask: one query per row, no causal part), which
+        # transformers returns as is, instead of rebuilding it from the 2-D mask every step.
+        mask_4d = getattr(self.model.config, "_attn_implementation", None) == "sdpa"
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [n, P]
         logits = self._forward(
             prompt_ids, prompt_mask, positions, cache, cache_kwarg, last_only=True
         )
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
-        attn = prompt_mask  # [len(rows), P + t]
-        next_pos = positions[:, -1] + 1  # [len(rows)]
+        m = n  # attn_buf[:m] are the rows in the cache, in the order of `rows`
+        next_pos = positions[:, -1] + 1  # [m]
         for t in range(T):
             tokens, token_logprobs = sample_next_token(logits, params, generator)
-            alive = ~finished[rows]  # [len(rows)]
+            alive = ~finished[rows]  # [m]
             live_rows = rows[alive]
             response_ids[live_rows, t] = tokens[alive]
             response_mask[live_rows, t] = 1
@@ -198,15 +301,20 @@ class HFRolloutEngine:
             finished[live_rows] = torch.isin(tokens[alive], eos)
             if t == T - 1 or bool(finished.all()):
                 break
-            still = ~finished[rows]  # [len(rows)]
-            # Drop finished rows from the cache once they are a quarter of the batch: a gather
-            # of the whole cache is not free, carrying dead rows is not either.
-            if int((~still).sum()) * 4 >= len(rows):
+            still = ~finished[rows]  # [m]
+            # Drop finished rows from the cache once they are a quarter of the batch: compacting
+            # copies the whole filled cache, carrying dead rows through the forward is not
+            # free either.
+            if int((~still).sum()) * 4 >= m:
                 keep = still.nonzero().flatten()
                 cache.batch_select_indices(keep)
-                rows, tokens, attn, next_pos = rows[keep], tokens[keep], attn[keep], next_pos[keep]
-                still = still[keep]
-            attn = torch.cat([attn, still.long()[:, None]], dim=1)  # [len(rows), P + t + 1]
+                attn_buf[: len(keep)] = attn_buf[keep]
+                rows, tokens, next_pos = rows[keep], tokens[keep], next_pos[keep]
+                m, still = len(keep), still[keep]
+            attn_buf[:m, P + t] = still.long()
+            attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
+            if mask_4d:
+                attn = attn.bool()[:, None, None, :]  # [m, 1, 1, P + t + 1]
             logits = self._forward(tokens[:, None], attn, next_pos[:, None], cache, cache_kwarg)
             next_pos = next_pos + 1
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -200,3 +202,118 @@ def test_temperature_sharpens_sampling():
         )
         assert abs(tokens.float().mean().item() - p1) < 0.02
         torch.testing.assert_close(logprobs[tokens == 1][0], torch.tensor(p1).log())
+
+
+def _reference_greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int):
+    """The engine's greedy decode loop as it was before the preallocated cache (a DynamicCache
+    grown by concatenation, the 2-D mask grown by `torch.cat`, finished rows dropped once they
+    are a quarter of the batch): (response_ids [n, T], logprobs [n, T]), T = steps taken."""
+    from transformers import DynamicCache
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    n, P, T = len(prompts), max(map(len, prompts)), max_new_tokens
+    ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])  # [n, P]
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])  # [n, P]
+    out = torch.full((n, T), pad)
+    out_mask = torch.zeros((n, T), dtype=torch.long)
+    logprobs = torch.zeros((n, T))
+    finished = torch.zeros(n, dtype=torch.bool)
+    cache = DynamicCache(config=model.config)
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values")
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                       use_cache=True, logits_to_keep=1, **{cache_kwarg: cache}).logits[:, -1]
+        rows, attn, next_pos = torch.arange(n), mask, positions[:, -1] + 1
+        for t in range(T):
+            tokens = logits.argmax(-1)
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+            alive = ~finished[rows]
+            out[rows[alive], t], out_mask[rows[alive], t] = tokens[alive], 1
+            logprobs[rows[alive], t] = lp[alive]
+            finished[rows[alive]] = tokens[alive] == eos
+            if t == T - 1 or bool(finished.all()):
+                break
+            still = ~finished[rows]
+            if int((~still).sum()) * 4 >= len(rows):
+                keep = still.nonzero().flatten()
+                cache.batch_select_indices(keep)
+                rows, tokens, attn, next_pos = rows[keep], tokens[keep], attn[keep], next_pos[keep]
+                still = still[keep]
+            attn = torch.cat([attn, still.long()[:, None]], dim=1)
+            logits = model(input_ids=tokens[:, None], attention_mask=attn,
+                           position_ids=next_pos[:, None], use_cache=True,
+                           **{cache_kwarg: cache}).logits[:, -1]
+            next_pos = next_pos + 1
+    width = int(out_mask.sum(1).max())
+    return out[:, :width], logprobs[:, :width]
+
+
+@pytest.mark.parametrize("which", ["random", "eos"])
+def test_greedy_bit_identical_to_the_concatenating_loop(which, model, eos_model, tokenizer):
+    # The preallocated cache and mask, the 4-D mask and the new sampler change no greedy bit:
+    # tokens and log-probs equal exactly (torch.equal), with prompts of different lengths, rows
+    # finishing at different steps (the eos model) and rows dropped from the cache on the way.
+    m = {"random": model, "eos": eos_model}[which]
+    prompts = _ids(tokenizer, PROMPTS + ["a=", "qqqb=", "xa=", "b=", "zb=", "yya="])
+    ref_ids, ref_lp = _reference_greedy(m, tokenizer, prompts, 24)
+    engine = HFRolloutEngine(m, tokenizer)
+    batch = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
+    assert torch.equal(batch.response_ids, ref_ids)
+    assert torch.equal(batch.sampling_logprobs, ref_lp)
+    if which == "eos":  # rows finished at different steps and were dropped: "1<eos>", "123<eos>"
+        assert sorted(set(batch.response_mask.sum(1).tolist())) == [2, 4]
+
+
+def test_sampler_draws_the_softmax_distribution():
+    # 40000 draws from one fixed 6-token distribution; the counts must fit the probabilities:
+    # Pearson's chi-square over 6 cells has 5 degrees of freedom, P(chi2_5 > 20.5) = 0.001.
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.07, 0.03])
+    logits = probs.log().repeat(40000, 1)
+    for top_p, p in [(1.0, probs), (0.75, torch.tensor([0.4, 0.25, 0.15, 0, 0, 0]) / 0.8)]:
+        # top_p 0.75: the mass before token 2 is 0.65 < 0.75 (kept), before token 3 0.8 (not).
+        tokens, _ = sample_next_token(logits, SamplingParams(top_p=top_p),
+                                      torch.Generator().manual_seed(0))
+        counts = torch.bincount(tokens, minlength=6).double()
+        expected = 40000 * p.double()
+        assert (counts[p == 0] == 0).all()
+        chi2 = ((counts - expected)[p > 0] ** 2 / expected[p > 0]).sum()
+        assert chi2 < 20.5, (counts.tolist(), chi2)
+
+
+def test_sampler_rounding_guard_takes_the_last_possible_token(monkeypatch):
+    # u * total can round up to the total (index V after the search): the guard must take the
+    # last token of probability > 0, never a zero-probability one. Force u = 1.0 to reach it.
+    logits = torch.tensor([[0.0, 1.0, -float("inf"), 0.5, -float("inf")]])
+    monkeypatch.setattr(torch, "rand", lambda n, **kw: torch.ones(n, dtype=kw["dtype"]))
+    tokens, _ = sample_next_token(logits, SamplingParams(), None)
+    assert tokens.tolist() == [3]
+    # Under top-p the vocabulary is sorted (1, 3, 0, ...); top_p 0.7 keeps tokens 1 and 3
+    # (p = 0.51, 0.31; the mass before token 0 is 0.82 >= 0.7), so the last kept is token 3.
+    tokens, _ = sample_next_token(logits, SamplingParams(top_p=0.7), None)
+    assert tokens.tolist() == [3]
+
+
+def test_engine_samples_the_models_distribution(model, tokenizer):
+    # The first response token of 6000 copies of one prompt, against the model's own softmax
+    # at that position: Pearson's chi-square over the cells expected to hold >= 20 draws plus
+    # one cell pooling the rest, df = cells - 1 (about 190 for the random tiny model: its
+    # distribution is nearly flat). chi2_df has mean df and sd sqrt(2 df); the bound
+    # df + 5 sd is exceeded with probability ~1e-5 (seeds 0-2 gave 183-227 at df 191, and
+    # torch.multinomial 160-192). A sampler off by a few percent of mass fails it.
+    prompt = _ids(tokenizer, ["3+4*2="])[0]
+    engine = HFRolloutEngine(model, tokenizer, micro_batch_size=2000)
+    batch = engine.generate([prompt] * 6000, SamplingParams(max_new_tokens=1),
+                            torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        p = model(torch.tensor([prompt])).logits[0, -1].double().softmax(-1)  # [V]
+    counts = torch.bincount(batch.response_ids[:, 0], minlength=len(p)).double()
+    expected = 6000 * p
+    big = expected >= 20
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    df = len(obs) - 1
+    assert df >= 10  # a spread-out distribution (the random tiny model), not one token
+    chi2 = ((obs - exp) ** 2 / exp).sum()
+    assert chi2 < df + 5 * (2 * df) ** 0.5, (chi2, df)
