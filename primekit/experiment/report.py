@@ -12,6 +12,7 @@ rows disagree, inconclusive otherwise.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -179,6 +180,24 @@ def _fmt_wall(seconds: float) -> str:
     return _fmt_duration(seconds)
 
 
+def _attempts_line(out_dir: Path) -> str:
+    """Bookkeeping of the runner (attempts.jsonl), not a result: every attempt's seconds,
+    Python start, model loading and export included."""
+    path = out_dir / "attempts.jsonl"
+    if not path.is_file():
+        return ""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    total = sum(float(r.get("seconds", 0)) for r in rows)
+    failed = sum(1 for r in rows if r.get("rc") != 0)
+    return (f"; all {len(rows)} attempts in attempts.jsonl (SFT, start-up, export, failed and "
+            f"stopped attempts included, {failed} with a non-zero exit): {_fmt_wall(total)}")
+
+
 def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
     """report.md (and plots/*.png) for whatever runs of `spec` have finished in `out_dir`."""
     logs, done, left = collect(spec, out_dir)
@@ -210,7 +229,8 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
         f"- Runs finished: {len(done)} of {len(done) + len(left)}"
         + (f" (not finished: {', '.join(r.run_id for r in left[:6])}"
            f"{' ...' if len(left) > 6 else ''})" if left else ""),
-        f"- Wall-clock of the finished runs (from their metrics.jsonl, summed): {_fmt_wall(wall)}",
+        f"- Wall-clock of the finished runs (from their metrics.jsonl, summed): {_fmt_wall(wall)}"
+        + _attempts_line(out_dir),
         f"- Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {out_dir}", "",
         "## Verdicts", "",
         "| task family | treatment vs baseline | rule | estimate [95% interval] | verdict | reason |",
