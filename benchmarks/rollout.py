@@ -44,7 +44,7 @@ from rich.table import Table
 
 from primekit.config import load_config, resolve_config
 from primekit.data.splits import encode_prompts, load_splits
-from primekit.models.hf import load_model, load_tokenizer
+from primekit.models.hf import load_model, load_tokenizer, stop_token_ids
 from primekit.rollout.base import RolloutBatch, SamplingParams
 from primekit.rollout.hf import HFRolloutEngine
 from primekit.runtime import resolve_device
@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
         start = time.perf_counter()
         engine = VLLMRolloutEngine(args.policy, tokenizer, seed=0,
+                                   eos_token_ids=stop_token_ids(args.policy, tokenizer),
                                    max_model_len=max(map(len, prompts)) + args.max_new_tokens)
         console.print(f"vLLM engine start: {time.perf_counter() - start:.1f} s "
                       f"(VLLM_ENABLE_V1_MULTIPROCESSING="

@@ -14,7 +14,13 @@ import torch
 from primekit import distributed as dist
 from primekit.config import Config, ConfigError
 from primekit.data.splits import verifier_task
-from primekit.models.hf import check_model_path, load_model, load_model_config, load_value_model
+from primekit.models.hf import (
+    check_model_path,
+    load_model,
+    load_model_config,
+    load_value_model,
+    stop_token_ids,
+)
 from primekit.models.logprobs import critic_values, score_tokens
 from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
@@ -59,6 +65,7 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
 
         # vLLM loads the policy's checkpoint itself; a resumed run syncs its weights after.
         engine = VLLMRolloutEngine(m.policy, tokenizer, dtype=m.dtype, seed=cfg.train.seed,
+                                   eos_token_ids=stop_token_ids(m.policy, tokenizer),
                                    kv_cache_gib=r.vllm_kv_cache_gib,
                                    gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                                    max_model_len=r.vllm_max_model_len,

@@ -126,6 +126,17 @@ def load_generation_config(name_or_path: str | os.PathLike) -> GenerationConfig 
         return None
 
 
+def stop_token_ids(name_or_path: str | os.PathLike,
+                   tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's eos plus the eos ids of the checkpoint's generation_config.json, sorted:
+    the HF engine's stop tokens (rollout/hf.py reads them off the loaded model), for vLLM."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    generation = load_generation_config(name_or_path)
+    eos = generation.eos_token_id if generation is not None else None
+    ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+    return sorted(set(ids))
+
+
 def _torch_dtype(dtype: str | torch.dtype):
     import torch
 

@@ -72,8 +72,10 @@ class VLLMRolloutEngine:
         gpu_memory_utilization: the share of the GPU's memory vLLM may take (weights and KV
             cache); the trainer's models live on the same GPU.
         max_model_len: prompt + response limit; 0 = the model's own.
-        eos_token_ids: stop tokens; default: the tokenizer's eos plus the eos ids of the
-            checkpoint's generation_config.json (as the HF engine does).
+        eos_token_ids: stop tokens; default: the tokenizer's eos. The HF engine's stop tokens
+            (the tokenizer's eos plus the checkpoint's generation_config.json eos ids, so that
+            both engines stop alike) are `primekit.models.hf.stop_token_ids`, which the factory
+            passes (this layer does not load model files).
         trust_remote_code: passed to vLLM.
     """
 
@@ -95,15 +97,8 @@ class VLLMRolloutEngine:
         from vllm.platforms import current_platform
 
         self.tokenizer = tokenizer
-        if eos_token_ids is None:  # the HF engine's default, so both stop on the same tokens
-            from primekit.models.hf import load_generation_config
-
+        if eos_token_ids is None:
             eos_token_ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-            generation = load_generation_config(model_path)  # None: no generation_config.json
-            gen_eos = generation.eos_token_id if generation is not None else None
-            eos_token_ids += (
-                gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
-            )
         if not eos_token_ids:
             raise ValueError("no EOS token: the tokenizer defines none; pass eos_token_ids")
         self.eos_token_ids = sorted(set(eos_token_ids))

@@ -4,6 +4,7 @@ load_model_config, load_generation_config, save_model; and that every command us
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from primekit.models.hf import (
     load_tokenizer,
     load_value_model,
     save_model,
+    stop_token_ids,
 )
 from primekit.models.tiny import build_char_tokenizer
 
@@ -203,3 +205,16 @@ def test_generation_config_or_none(tiny_model_dir, tmp_path):
     generation = load_generation_config(tiny_model_dir)
     assert (generation.eos_token_id, generation.pad_token_id) == (1, 0)
     assert load_generation_config(tmp_path) is None
+
+
+def test_stop_token_ids_add_the_generation_configs_eos(tiny_model_dir, tmp_path):
+    tok = load_tokenizer(tiny_model_dir)
+    assert stop_token_ids(tiny_model_dir, tok) == [1]  # tokenizer eos 1, generation eos 1
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    config["eos_token_id"] = [1, 7]  # a chat model's second stop token
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    assert stop_token_ids(model_dir, tok) == [1, 7]
+    (model_dir / "generation_config.json").unlink()
+    assert stop_token_ids(model_dir, tok) == [1]
