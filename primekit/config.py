@@ -84,6 +84,16 @@ class DataConfig:
     min_operands: Annotated[int, Field(ge=2)] = 2
     max_operands: Annotated[int, Field(ge=2)] = 4
     seed: int = 1234
+    # source=arithmetic only: the procedural task family (docs/tasks.md). "arithmetic": chains of
+    # min_operands..max_operands operands; "chains": the same format with chain_min_operands..
+    # chain_max_operands (5-8 steps, where one early wrong step decides the outcome);
+    # "rgym:<name>": reasoning-gym's dataset <name> (pip install 'primekit[rgym]'), graded by its
+    # own scorer, with rgym_config's fields over primekit's defaults for it (not seed or size).
+    task_family: Annotated[str, Field(pattern=r"^(arithmetic|chains|rgym:[a-z0-9_]+)$")] = (
+        "arithmetic")
+    chain_min_operands: Annotated[int, Field(ge=2)] = 6
+    chain_max_operands: Annotated[int, Field(ge=2)] = 9
+    rgym_config: dict[str, Any] = field(default_factory=dict)
 
 
 @_validated
@@ -114,6 +124,16 @@ class FilterConfig:
     oversample: Annotated[float, Field(ge=1)] = 1.5
     # Rollout rounds per step before giving up filling the batch (with a warning).
     max_rounds: Positive = 4
+    # Groups that pass the filter after the batch is full are carried to later steps and
+    # trained on at most this many policy updates after they were sampled (their old log-probs
+    # recomputed under the current policy; trainer/collect.py, docs/rollout.md). At most one
+    # step's batch is carried; carried groups are dropped at each checkpoint. 0: thrown away.
+    carry_steps: NonNegative = 1
+    # PRM-verifier consistency (PROF, arXiv 2509.03403): after the dense reward has scored the
+    # kept groups, drop this many samples of every group before the update, the least consistent
+    # first (correct responses with the lowest dense return, wrong ones with the highest), taken
+    # from the larger of the correct and wrong sides (algorithms/filtering.py). 0: off.
+    consistency_drop: NonNegative = 0
 
 
 @_validated
@@ -132,6 +152,10 @@ class PRMConfig:
     # Sequences per PRM optimiser step (whole groups), over all ranks; micro_batch_size is per rank.
     mini_batch_size: Positive = 64
     micro_batch_size: Positive = 64
+    # > 0: PRM (and reference) micro-batches are cut by this token budget per forward instead of
+    # micro_batch_size rows (whole groups, longest first); packing as for the policy.
+    max_tokens_per_micro_batch: NonNegative = 0
+    packing: Literal["packed", "sorted"] = "packed"
     grad_clip: PositiveFloat = 10.0
 
 
@@ -164,6 +188,13 @@ class AlgorithmConfig:
     whiten: bool = True
     # Reference-code option: scale process rewards by the batch's largest |reward-to-go|.
     process_max_abs_norm: bool = False
+    # Credit assignment of the dense process reward (implicit tokens or explicit steps):
+    # "sum", the usual summed return; "min", PURE's min-form (arXiv 2504.15275), the rewards
+    # weighted by softmin(-r / credit_temperature) over each response's units so that their sum
+    # approaches the weakest unit's reward (algorithms/credit.py, docs/algorithms.md). The
+    # temperature is in the reward's units (PURE: 0.1 on PRM scores in [-1, 1]).
+    credit: Literal["sum", "min"] = "sum"
+    credit_temperature: PositiveFloat = 0.1
     kl_coef: NonNegativeFloat = 0.0
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: NonNegativeFloat = 0.0
@@ -203,6 +234,12 @@ class PolicyConfig:
     # Sequences per policy optimiser step, over all ranks; micro_batch_size is per rank.
     mini_batch_size: Positive = 256
     micro_batch_size: Positive = 64  # sequences per forward/backward
+    # > 0: policy, critic and old-log-prob micro-batches are cut by this token budget per forward
+    # (tokens computed, padding included) instead of micro_batch_size rows, longest rows first.
+    # packing "packed": sequences laid end to end without padding, position ids restarting, attention
+    # kept inside each sequence; "sorted": padded rows sorted by length (rollout/batching.py).
+    max_tokens_per_micro_batch: NonNegative = 0
+    packing: Literal["packed", "sorted"] = "packed"
     clip_low: NonNegativeFloat = 0.2
     clip_high: NonNegativeFloat = 0.2
     grad_clip: PositiveFloat = 1.0
@@ -440,6 +477,12 @@ class VizConfig:
     prm_warn: UnitInterval = 0.6
     gap_warn: UnitInterval = 0.15
     gap_bad: UnitInterval = 0.3
+    # Step light (step gaming): the relative change of hack/steps_per_response from the first
+    # `window` steps to the last; amber from steps_warn, red ("Step gaming") from steps_bad, each
+    # only while verifier accuracy rose by less than steps_acc_rise over the same span.
+    steps_warn: PositiveFloat = 0.25
+    steps_bad: PositiveFloat = 0.5
+    steps_acc_rise: UnitInterval = 0.05
     port: NonNegative = 8765  # 0 = any free port
     samples_per_step: NonNegative = 8  # responses the trainer writes to samples.jsonl per step
     out_dir: str = "runs/viz"  # heatmap and rerank outputs
@@ -602,8 +645,29 @@ def _resolve_auto(cfg: Config) -> None:
         cfg.policy.old_logprobs = "rollout" if reused_logprobs_are_exact(cfg) else "recompute"
 
 
+# The largest float32: training computes in float32, so a larger learning rate, weight decay or
+# coefficient cannot even be applied (torch: "value cannot be converted to type float without
+# overflow").
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_float_range(cfg: Config) -> None:
+    """Every float setting is representable in float32 (pydantic checks finiteness only in
+    float64)."""
+    def walk(tree: dict[str, Any], prefix: str) -> None:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif isinstance(value, float) and abs(value) > FLOAT32_MAX:
+                raise ConfigError(f"{prefix}{key}: {value!r} is beyond float32's range "
+                                  f"(+-{FLOAT32_MAX:.4g}), in which training computes")
+
+    walk(dataclasses.asdict(cfg), "")
+
+
 def _check_combinations(cfg: Config) -> None:
     """Settings that are each valid but cannot work together."""
+    _check_float_range(cfg)
     if cfg.filter.lo > cfg.filter.hi:
         raise ConfigError(
             f"filter.lo/filter.hi: need lo <= hi, got lo={cfg.filter.lo} hi={cfg.filter.hi}"
@@ -640,6 +704,21 @@ def _check_combinations(cfg: Config) -> None:
         command = "train-orm" if a.reward_mode == "explicit-orm" else "train-prm"
         raise ConfigError(f"explicit.model_path: reward_mode={a.reward_mode} needs the directory "
                           f"of a trained reward model (primekit {command})")
+    if a.credit == "min" and a.reward_mode not in ("prime", "explicit-prm"):
+        raise ConfigError(f"algorithm.credit: 'min' assigns credit over a process reward's steps "
+                          f"(reward_mode prime or explicit-prm), got reward_mode={a.reward_mode}")
+    drop = cfg.filter.consistency_drop
+    if drop and a.reward_mode == "outcome":
+        raise ConfigError("filter.consistency_drop: consistency filtering compares the dense "
+                          "reward with the verifier; reward_mode=outcome has no dense reward")
+    least = 2 if a.estimator in ("rloo", "grpo") else 1
+    if drop and cfg.rollout.n_samples - drop < least:
+        raise ConfigError(f"filter.consistency_drop: {drop} of rollout.n_samples="
+                          f"{cfg.rollout.n_samples} leaves fewer than {least} samples per group "
+                          f"for estimator {a.estimator}")
+    if cfg.viz.steps_warn > cfg.viz.steps_bad:
+        raise ConfigError(f"viz.steps_warn/viz.steps_bad: need warn <= bad, got "
+                          f"{cfg.viz.steps_warn}/{cfg.viz.steps_bad}")
     if a.reward_mode == "explicit-orm" and cfg.explicit.transform != "none":
         raise ConfigError("explicit.transform: Clip/Delta and the other step transforms apply to a "
                           "step-level PRM (reward_mode=explicit-prm), not to an ORM")
@@ -657,3 +736,11 @@ def _check_combinations(cfg: Config) -> None:
             f"data.min_operands/max_operands: need min <= max, got "
             f"{cfg.data.min_operands}/{cfg.data.max_operands}"
         )
+    if cfg.data.chain_max_operands < cfg.data.chain_min_operands:
+        raise ConfigError(
+            f"data.chain_min_operands/chain_max_operands: need min <= max, got "
+            f"{cfg.data.chain_min_operands}/{cfg.data.chain_max_operands}"
+        )
+    if cfg.data.source == "file" and cfg.data.task_family != "arithmetic":
+        raise ConfigError(f"data.task_family: {cfg.data.task_family!r} is a procedural family; "
+                          "it needs data.source=arithmetic, not 'file'")

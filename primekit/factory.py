@@ -118,7 +118,11 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
     return ImplicitPRM(model, optimizer, beta=p.beta, loss=p.loss, forward=p.forward,
                        group_size=cfg.rollout.n_samples,
                        mini_batch_size=dist.per_rank(p.mini_batch_size, "prm.mini_batch_size"),
-                       micro_batch_size=p.micro_batch_size, grad_clip=p.grad_clip)
+                       micro_batch_size=p.micro_batch_size, grad_clip=p.grad_clip,
+                       credit=cfg.algorithm.credit,
+                       credit_temperature=cfg.algorithm.credit_temperature,
+                       on_nonfinite=cfg.train.on_nonfinite,
+                       max_tokens=p.max_tokens_per_micro_batch, packed=p.packing == "packed")
 
 
 def build_critic(cfg: Config, device: torch.device) -> torch.nn.Module:

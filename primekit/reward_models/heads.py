@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from primekit.models.optim import guarded_step
 from primekit.rollout.base import RolloutBatch
 from primekit.rollout.batching import iter_micro_batches
 
@@ -148,10 +149,9 @@ def fit_reward_model(
             loss, metrics = loss_fn(logits, rows, t)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            metrics[f"{prefix}/grad_norm"] = float(
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            )
-            opt.step()
+            # Clip, check the gradient norm and the updated weights (models/optim.py).
+            norm, _ = guarded_step(prefix, model, opt, grad_clip=grad_clip, step=step + 1)
+            metrics[f"{prefix}/grad_norm"] = float(norm)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * len(rows)
             if on_step is not None:

@@ -21,6 +21,7 @@ import torch
 
 from primekit import distributed as dist
 from primekit.algorithms import (
+    assign_credit,
     implicit_sequence_rewards,
     implicit_token_rewards,
     masked_mean,
@@ -31,10 +32,10 @@ from primekit.algorithms import (
     prm_pairwise_counts,
 )
 from primekit.logging import MetricSums
-from primekit.models.logprobs import batch_logprobs, sequence_logprobs
-from primekit.models.parallel import grad_norm_value
+from primekit.models.logprobs import batch_logprobs, micro_batch_logprobs
+from primekit.models.optim import guarded_step
 from primekit.rollout.base import RolloutBatch
-from primekit.rollout.batching import MicroBatch, iter_micro_batches, row_chunks
+from primekit.rollout.batching import Layout, MicroBatch, iter_layout, row_chunks
 
 
 class ImplicitPRM:
@@ -49,22 +50,36 @@ class ImplicitPRM:
         group_size: K; micro-batches keep whole groups (the DPO loss pairs within a group).
         mini_batch_size: rows per PRM optimiser step; micro_batch_size: rows per forward.
         grad_clip: max gradient norm per optimiser step.
+        credit, credit_temperature: algorithm.credit ("sum" or PURE's "min") over each
+            response's tokens, applied to the token rewards returned (`algorithms.assign_credit`).
+        on_nonfinite: "abort" or "skip" an optimiser step with a non-finite gradient norm; a
+            diverged update always aborts (`models.optim.guarded_step`).
+        max_tokens, packed: a token budget per forward instead of micro_batch_size rows, and the
+            packed layout (`primekit.rollout.batching.Layout`).
 
-    The reference log-probs it is given must come from micro-batches of `reference_chunks`
-    (micro_batch_size, group_size), so that an untouched PRM scores exactly zero.
+    The reference log-probs it is given must come from the micro-batches of `reference_chunks`
+    (its `Layout`), so that an untouched PRM scores exactly zero.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  beta: float, loss: Literal["ce", "dpo"], forward: Literal["single", "double"],
-                 group_size: int, mini_batch_size: int, micro_batch_size: int, grad_clip: float):
+                 group_size: int, mini_batch_size: int, micro_batch_size: int, grad_clip: float,
+                 credit: Literal["sum", "min"] = "sum", credit_temperature: float = 0.1,
+                 on_nonfinite: Literal["abort", "skip"] = "abort", max_tokens: int = 0,
+                 packed: bool = False):
         if optimizer is None and forward == "double":
             raise ValueError("forward='double' re-scores after an update; a frozen PRM has none")
         self.model, self.optimizer = model, optimizer
         self.beta, self.loss, self.forward = beta, loss, forward
         self.group_size, self.grad_clip = group_size, grad_clip
+        self.on_nonfinite = on_nonfinite  # a non-finite gradient norm (train.on_nonfinite)
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
-        self.reference_chunks = (micro_batch_size, group_size)
+        # The micro-batches of every PRM pass, and those the reference must be scored in.
+        self.layout = Layout(micro_batch_size, group_size, max_tokens, packed and max_tokens > 0)
+        self.reference_chunks = self.layout
         self.frozen = False  # True: score only, no update (an online PRM paused mid-run)
+        # algorithm.credit over the response's tokens, each token a unit (algorithms/credit.py)
+        self.credit, self.credit_temperature = credit, credit_temperature
         if optimizer is None:
             model.eval().requires_grad_(False)
 
@@ -93,7 +108,7 @@ class ImplicitPRM:
         if self.forward == "double" and online:
             t0 = time.perf_counter()
             self.model.eval()
-            prm_lp = batch_logprobs(self.model, batch, self.micro_batch_size, self.group_size)
+            prm_lp = batch_logprobs(self.model, batch, *self.layout)
             token_rewards = implicit_token_rewards(prm_lp, ref_logprobs, mask, self.beta)
             metrics["timing/prm_rescore"] = time.perf_counter() - t0
             seq = implicit_sequence_rewards(token_rewards, mask)  # [N], re-scored
@@ -104,6 +119,10 @@ class ImplicitPRM:
             seq, torch.ones_like(seq, dtype=torch.bool), dist.all_reduce_sum)
         metrics["reward/implicit_token_abs_mean"] = masked_mean(
             token_rewards.abs(), mask, all_reduce=dist.all_reduce_sum)
+        if self.credit != "sum":  # the PRM's metrics above stay those of its own rewards
+            token_rewards, credit_metrics = assign_credit(
+                token_rewards, mask, self.credit, self.credit_temperature, dist.all_reduce_sum)
+            metrics.update(credit_metrics)
         return token_rewards, metrics
 
     def _score_and_update(self, batch: RolloutBatch, outcome_rewards: torch.Tensor,
@@ -119,20 +138,31 @@ class ImplicitPRM:
         for mini in row_chunks(len(batch.responses), self.mini_batch_size, self.group_size):
             if online:
                 self.optimizer.zero_grad(set_to_none=True)
-            for mb in iter_micro_batches(batch, self.micro_batch_size, self.group_size, mini):
+            # The mini-batch's loss is a mean over its rows (CE) or its pairs (DPO): each
+            # micro-batch's mean is weighted by its share, so any layout gives the same loss.
+            mini_pairs = _pair_count(outcome_rewards[mini], group_ids[mini])
+            for mb in iter_layout(batch, self.layout, mini):
                 loss, lm = self._micro_batch(mb, batch, token_rewards, outcome_rewards, group_ids,
                                              ref_logprobs, online)
                 if loss is not None:
-                    (loss * len(mb.rows) / len(mini)).backward()
+                    if self.loss == "dpo" and mini_pairs > 0:
+                        share = _pair_count(outcome_rewards[mb.rows], group_ids[mb.rows]) / mini_pairs
+                    else:
+                        share = len(mb.rows) / len(mini)
+                    (loss * share).backward()
                     sums.add({"prm/loss": lm["prm/loss"], "prm/reward_mean": lm["prm/reward_mean"]},
                              weight=len(mb.rows))
                     rows_seen += len(mb.rows)
                     dpo_pairs = dpo_pairs + lm.get("prm/dpo_pairs", 0.0)  # a count: summed
             if online:
                 # Sharded (torchrun) models average their gradients over ranks in backward.
-                grad_norms.append(grad_norm_value(torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), self.grad_clip)))
-                self.optimizer.step()
+                # Clip, check the gradient norm and the updated weights: this step's token
+                # rewards came from the forward before it, so a diverged update must stop the
+                # run here (models/optim.py), not in a later step or after a save.
+                norm, _ = guarded_step("prm", self.model, self.optimizer,
+                                       grad_clip=self.grad_clip, mode=self.on_nonfinite,
+                                       lr_field="prm.lr")
+                grad_norms.append(norm)
         metrics: dict[str, torch.Tensor | float] = {}
         if online:
             # The loss and the loss's own mean summed reward; for DPO, its pair count.
@@ -151,8 +181,7 @@ class ImplicitPRM:
         device = next(self.model.parameters()).device
         rows, t = mb.rows, mb.response_len
         with torch.set_grad_enabled(online):
-            prm_lp, _ = sequence_logprobs(self.model, mb.input_ids.to(device),
-                                          mb.attention_mask.to(device), t)
+            prm_lp, _ = micro_batch_logprobs(self.model, mb)
         prm_lp = prm_lp.float()  # [n, t]
         ref_lp = ref_logprobs[rows, :t].to(device)  # [n, t]
         m = batch.response_mask[rows, :t].float().to(device)  # [n, t]
@@ -164,6 +193,12 @@ class ImplicitPRM:
         if self.loss == "ce":
             return prm_ce_loss(prm_lp, ref_lp, m, outcome, self.beta)
         return prm_dpo_loss(prm_lp, ref_lp, m, outcome, group_ids[rows].to(device), self.beta)
+
+
+def _pair_count(outcome_rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """Pairs in the same group with different outcomes: the DPO loss's denominator."""
+    return float(prm_pairwise_counts(torch.zeros_like(outcome_rewards), outcome_rewards,
+                                     group_ids)[1])
 
 
 def _pairwise_accuracy(seq_rewards: torch.Tensor, outcome_rewards: torch.Tensor,

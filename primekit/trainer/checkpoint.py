@@ -49,6 +49,7 @@ import torch
 
 from primekit import distributed as dist
 from primekit.models import hf
+from primekit.models.optim import NonFiniteError, nonfinite_weights
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -264,6 +265,12 @@ def save_checkpoint(
     except TypeError as e:
         raise ValueError(f"state must be JSON-serialisable: {e}") from e
 
+    # Nothing non-finite is ever saved (a collective: every rank refuses together).
+    for name, (model, _) in models.items():
+        bad = nonfinite_weights(model)
+        if bad is not None:
+            raise NonFiniteError(f"step {step}: {name} weight {bad} is not finite; checkpoint "
+                                 f"{checkpoint_dir(run_dir, step)} was not written")
     # Collected before any writing, so the saved streams are exactly where the training loop is.
     rng_states = dist.all_gather_object(_rng_state(generators))
     final = checkpoint_dir(run_dir, step)

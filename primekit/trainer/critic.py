@@ -12,9 +12,10 @@ from primekit import distributed as dist
 from primekit.algorithms import loss_agg_count, value_loss
 from primekit.config import Config
 from primekit.logging import MetricSums
-from primekit.models.logprobs import sequence_values
-from primekit.rollout.batching import iter_micro_batches, row_chunks
-from primekit.trainer.experience import Experience
+from primekit.models.logprobs import micro_batch_values
+from primekit.models.optim import guarded_step
+from primekit.rollout.batching import iter_layout, row_chunks
+from primekit.trainer.experience import Experience, micro_layout
 
 
 def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, exp: Experience,
@@ -28,10 +29,9 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, exp
     for mini in row_chunks(len(exp), mini_batch_rows):
         optimizer.zero_grad(set_to_none=True)
         total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], "token-mean"))
-        for mb in iter_micro_batches(exp.batch, cfg.policy.micro_batch_size, rows=mini):
+        for mb in iter_layout(exp.batch, micro_layout(cfg.policy), rows=mini):
             rows, t = mb.rows, mb.response_len
-            values = sequence_values(critic, mb.input_ids.to(device),
-                                     mb.attention_mask.to(device), t)  # [n, t]
+            values = micro_batch_values(critic, mb)  # [n, t]
             m = exp.response_mask[rows, :t].to(values.device)  # [n, t]
             loss, lm = value_loss(values, exp.values[rows, :t].to(values.device),
                                   exp.returns[rows, :t].to(values.device), m,
@@ -39,7 +39,8 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, exp
             # x world size: sharded gradients are averaged over ranks when reduced.
             (loss * loss_agg_count(m, "token-mean") * dist.world_size() / total).backward()
             sums.add(lm, weight=len(rows))
-        torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.critic.grad_clip)
-        optimizer.step()
+        # Clip, check the gradient norm and the updated weights (train.on_nonfinite).
+        guarded_step("critic", critic, optimizer, grad_clip=cfg.critic.grad_clip,
+                     mode=cfg.train.on_nonfinite, lr_field="critic.lr")
     critic.eval()
     return sums.means(len(exp))

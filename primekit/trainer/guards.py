@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
+# The one guarded optimiser step of every trained model lives below the trainer (the reward
+# models' fits use it too); its error is this module's.
+from primekit.models.optim import NonFiniteError, at_step, guarded_step, nonfinite_weights
 
-class NonFiniteError(RuntimeError):
-    """A non-finite training quantity under train.on_nonfinite=abort; the message names it."""
+__all__ = ["NonFiniteError", "at_step", "check_weights", "guarded_step", "is_finite", "nonfinite_weights"]
 
 
 def is_finite(quantity: str, value: torch.Tensor, *, step: int, mode: str,
@@ -49,8 +51,8 @@ def check_weights(models: dict[str, torch.nn.Module], *, step: int) -> None:
     """Raise `NonFiniteError` if any parameter of `models` is non-finite: a step cannot be skipped
     once a model's own weights are corrupt."""
     for name, model in models.items():
-        for key, p in model.named_parameters():
-            if not bool(torch.isfinite(p.detach()).all()):
-                raise NonFiniteError(
-                    f"step {step}: {name} weight {key} is not finite; the step cannot be skipped, "
-                    f"stopped without saving it")
+        key = nonfinite_weights(model)
+        if key is not None:
+            raise NonFiniteError(
+                f"step {step}: {name} weight {key} is not finite; the step cannot be skipped, "
+                f"stopped without saving it")

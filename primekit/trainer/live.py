@@ -51,6 +51,7 @@ from primekit.config import ConfigError
 from primekit.data.problem import Problem
 from primekit.logging import console
 from primekit.models.logprobs import batch_logprobs, sequence_logprobs
+from primekit.models.optim import guarded_step
 from primekit.rollout.base import RolloutBatch, batch_from_texts
 from primekit.trainer.control import read_control
 from primekit.verifiers import Verifier
@@ -200,6 +201,5 @@ class LiveControl:
                                       b.attention_mask.to(device), b.response_len)
             loss = loss_fn(lp.float())  # lp: [n, T]
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.trainer.cfg.prm.grad_clip)
-            opt.step()
+            guarded_step("live", model, opt, grad_clip=self.trainer.cfg.prm.grad_clip)
         model.train(was_training)

@@ -45,13 +45,17 @@ from primekit.config import Config
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
 from primekit.logging import MetricLogger, MetricSums, Progress, append_samples, console, timed
-from primekit.models.logprobs import batch_logprobs, batch_values, sequence_logprobs
-from primekit.models.parallel import grad_norm_value
+from primekit.models.logprobs import batch_logprobs, batch_values, micro_batch_logprobs
 from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from primekit.rollout.batching import iter_micro_batches, row_chunks
+from primekit.rollout.batching import iter_layout, row_chunks
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer import guards, signals
-from primekit.trainer.collect import collect_groups, warn_unfilled
+from primekit.trainer.collect import (
+    GroupCarry,
+    collect_groups,
+    consistency_select,
+    warn_unfilled,
+)
 from primekit.trainer.critic import update_critic
 from primekit.trainer.eval import evaluate_heldout
 from primekit.trainer.experience import (
@@ -60,6 +64,7 @@ from primekit.trainer.experience import (
     TokenRewarder,
     batch_metrics,
     correct_for_sampler,
+    micro_layout,
     sample_rows,
 )
 from primekit.verifiers import Verifier
@@ -106,10 +111,14 @@ class RLTrainer:
         self.rollout_gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + dist.rank())
         # policy.mini_batch_size counts sequences over all ranks; each rank takes its share.
         self.mini_batch_rows = dist.per_rank(cfg.policy.mini_batch_size, "policy.mini_batch_size")
+        # Micro-batches of the policy's passes (old log-probs, update, critic): rows or tokens.
+        self.layout = micro_layout(cfg.policy)
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.resumed_from: Path | None = None
         self._warned_unfilled = False
+        # Surplus filtered groups kept for later steps and the filter's pass rate (collect.py).
+        self.carry = GroupCarry(max_age=cfg.filter.carry_steps)
         self.last_experience: Experience | None = None  # the last update's batch (samples)
         # The step the loop runs: train_step, or a wrapper of it that the factory installs
         # (live control with live.enabled, trainer/live.py).
@@ -131,6 +140,7 @@ class RLTrainer:
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
                 while self.step < cfg.steps:
                     signals.stop_if_requested(self.step, Path(cfg.run_dir), self.save)
+                    guards.at_step(self.step + 1)  # the step that the optimiser guards name
                     metrics = self.run_step()
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
@@ -167,7 +177,7 @@ class RLTrainer:
         if not self._finite("reward/outcome", exp.outcome_rewards):
             return self._skipped(metrics, t_step)
         with timed(timing, "old_logprobs"):
-            exp.old_logprobs = self.old_logprobs(exp.batch)
+            exp.old_logprobs = self.old_logprobs(exp.batch, exp.age)
         with timed(timing, "ref_logprobs"):
             exp.ref_logprobs = self.ref_logprobs(exp.batch, exp.old_logprobs)
         if not (self._finite("old_logprobs", exp.old_logprobs, exp.response_mask)
@@ -182,11 +192,16 @@ class RLTrainer:
                 return self._skipped(metrics, t_step)
         if self.critic is not None:
             with timed(timing, "critic_values"):
-                exp.values = batch_values(self.critic, exp.batch, self.cfg.policy.micro_batch_size)
+                exp.values = batch_values(self.critic, exp.batch, *self.layout)
+        scored = exp  # every scored row: the hacking diagnostics and samples describe them all
+        if self.cfg.filter.consistency_drop:  # PROF: keep where dense reward and verifier agree
+            exp, consistency_metrics = consistency_select(exp, self.cfg.filter.consistency_drop)
+            metrics.update(consistency_metrics)
         with timed(timing, "advantages"):
             exp.advantages, exp.returns, adv_metrics = self.advantages(exp)
         metrics.update(adv_metrics)
-        metrics.update(correct_for_sampler(exp, self.cfg.policy))  # mismatch, TIS
+        exp.advantages, sampler_metrics = correct_for_sampler(exp, self.cfg.policy)  # TIS
+        metrics.update(sampler_metrics)  # the sampler's log-prob mismatch, TIS weights
         if not self._finite("advantages", exp.advantages, exp.response_mask):
             return self._skipped(metrics, t_step)
         if self.critic is not None:
@@ -198,8 +213,8 @@ class RLTrainer:
         metrics["train/nonfinite_skipped"] = metrics.pop("policy/nonfinite_skipped")
         with timed(timing, "weight_sync"):
             self.engine.sync_weights(self.policy)
-        metrics.update(batch_metrics(exp, self.cfg.explicit.step_delimiter))
-        self.last_experience = exp
+        metrics.update(batch_metrics(scored, self.cfg.explicit.step_delimiter, self.tokenizer))
+        self.last_experience = scored
         timing["step"] = time.perf_counter() - t_step
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
         metrics["throughput/update_tokens_per_s"] = exp.response_mask.sum() / timing["policy_update"]
@@ -225,9 +240,10 @@ class RLTrainer:
         exp, metrics = collect_groups(lambda n: self.rollout_round(n, timing), need=need,
                                       group_size=self.cfg.rollout.n_samples, filt=self.cfg.filter,
                                       pad_id=self.tokenizer.pad_token_id,
-                                      per_task=self.mixed_tasks)
+                                      per_task=self.mixed_tasks, carry=self.carry)
         tokens = metrics.pop("sampled_tokens")
-        metrics["throughput/rollout_tokens_per_s"] = tokens / timing["rollout"]
+        if timing["rollout"] > 0:  # 0: carried groups filled the batch, nothing sampled
+            metrics["throughput/rollout_tokens_per_s"] = tokens / timing["rollout"]
         if metrics["filter/groups_kept"] < need and not self._warned_unfilled:
             self._warned_unfilled = True
             warn_unfilled(self.step, metrics, need)
@@ -249,11 +265,23 @@ class RLTrainer:
         return batch, problems, verdicts
 
     # ------------------------------------------------------------------ score
-    def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """Log-probs of the sampled tokens under the policy that sampled them: [N, T]."""
+    def old_logprobs(self, batch: RolloutBatch, age: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probs of the sampled tokens under the policy before this step's update: [N, T].
+
+        With policy.old_logprobs=rollout the sampler's own log-probs are those, except for rows
+        carried from an earlier step (age > 0): an older policy sampled them, so theirs are
+        recomputed under the current one (the carried groups' drift from their sampler is then
+        left uncorrected, as for any recomputed row; policy.rollout_correction=tis corrects it).
+        """
         if self.cfg.policy.old_logprobs == "rollout":  # exact for the HF engine at T=1, top-p 1
-            return batch.sampling_logprobs.float() * batch.response_mask.float()
-        return batch_logprobs(self.policy, batch, self.cfg.policy.micro_batch_size)
+            old = batch.sampling_logprobs.float() * batch.response_mask.float()
+            stale = (age > 0).nonzero().flatten() if age is not None else torch.zeros(0)
+            if stale.numel():
+                recomputed = batch_logprobs(self.policy, batch.select(stale), *self.layout)
+                old = old.clone()
+                old[stale.to(old.device)] = recomputed.to(old.device, old.dtype)
+            return old
+        return batch_logprobs(self.policy, batch, *self.layout)
 
     def ref_logprobs(self, batch: RolloutBatch, old_logprobs: torch.Tensor) -> torch.Tensor:
         """Reference log-probs [N, T]; without a reference model, the old log-probs stand in."""
@@ -262,7 +290,7 @@ class RLTrainer:
         if self.rewarder is not None and self.rewarder.reference_chunks is not None:
             # The rewarder's own micro-batches, so that an untouched PRM scores exactly zero.
             return batch_logprobs(self.ref, batch, *self.rewarder.reference_chunks)
-        return batch_logprobs(self.ref, batch, self.cfg.policy.micro_batch_size)
+        return batch_logprobs(self.ref, batch, *self.layout)
 
     # ------------------------------------------------------------------ advantages
     def advantages(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
@@ -313,11 +341,9 @@ class RLTrainer:
                 # The mini-batch's loss denominator over all ranks (tokens or sequences), so that
                 # micro-batches and ranks add up to the loss of the whole mini-batch.
                 total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], cfg.loss_agg))
-                for mb in iter_micro_batches(exp.batch, cfg.micro_batch_size, rows=mini):
+                for mb in iter_layout(exp.batch, self.layout, rows=mini):
                     rows, t = mb.rows, mb.response_len
-                    lp, ent = sequence_logprobs(self.policy, mb.input_ids.to(self.device),
-                                                mb.attention_mask.to(self.device), t,
-                                                compute_entropy=True)
+                    lp, ent = micro_batch_logprobs(self.policy, mb, compute_entropy=True)
                     lp = lp.float()  # [n, t]
                     m = exp.response_mask[rows, :t].to(lp.device)  # [n, t]
                     loss, lm = ppo_clip_loss(
@@ -337,14 +363,14 @@ class RLTrainer:
                     (loss * share).backward()
                     sums.add({**lm, **em}, weight=len(rows))
                     count += len(rows)
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
-                norm = grad_norm_value(norm)
-                if not self._finite("policy/grad_norm", norm):  # skip this optimiser step
-                    self.policy_opt.zero_grad(set_to_none=True)
+                # Clip, check the gradient norm and the updated weights (guards.guarded_step).
+                norm, stepped = guards.guarded_step(
+                    "policy", self.policy, self.policy_opt, grad_clip=cfg.grad_clip,
+                    mode=self.cfg.train.on_nonfinite, step=self.step + 1, lr_field="policy.lr")
+                if not stepped:  # a non-finite gradient norm under on_nonfinite=skip
                     skipped += 1
                     continue
                 sums.add({"policy/grad_norm": norm}, weight=len(mini))
-                self.policy_opt.step()
         self.policy.eval()
         return {**sums.means(count), "policy/lr": lr, "policy/nonfinite_skipped": skipped}
 
@@ -370,8 +396,11 @@ class RLTrainer:
 
     def save(self) -> Path:
         trainable = self.trainable()
+        # Carried filter groups do not cross a checkpoint (every save drops them, so the run
+        # resumed from it trains on what this run trains on); the pass rate does.
+        self.carry.clear()
         state = {"sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
-                 "history": self.history}
+                 "history": self.history, "collect": self.carry.state_dict()}
         return ckpt.save_checkpoint(
             Path(self.cfg.train.run_dir), self.step,
             models={k: (m, self.tokenizer) for k, (m, _) in trainable.items()},
@@ -390,6 +419,7 @@ class RLTrainer:
                                      generators={"rollout": self.rollout_gen})
         self.step = state["step"]
         self.sampler.load_state_dict(state["sampler"])
+        self.carry.load_state_dict(state.get("collect", {}))
         self.history = state.get("history", [])
         self.engine.sync_weights(self.policy)
         self.resumed_from = path

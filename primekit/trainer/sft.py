@@ -14,6 +14,7 @@ from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts, load_splits
 from primekit.logging import MetricLogger, Progress
 from primekit.models.hf import load_model, load_tokenizer, save_model
+from primekit.models.optim import NonFiniteError, guarded_step, nonfinite_weights
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 
 
@@ -114,8 +115,10 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
             loss, metrics = response_token_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-            optimizer.step()
+            # Clip, check the gradient norm and the updated weights (train.on_nonfinite).
+            grad_norm, _ = guarded_step("sft", model, optimizer, grad_clip=s.grad_clip,
+                                        mode=cfg.train.on_nonfinite, step=step + 1,
+                                        lr_field="sft.lr")
             metrics["sft/grad_norm"] = float(grad_norm)
             metrics["sft/lr"] = lr_at(step)
             last = metrics
@@ -124,6 +127,9 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
             progress.update(advance=1, loss=metrics["sft/loss"])
     logger.close()
     model.eval()
+    bad = nonfinite_weights(model)
+    if bad is not None:  # never saved (the guarded steps make this unreachable in practice)
+        raise NonFiniteError(f"sft: weight {bad} is not finite; sft.out_dir was not written")
     save_model(model, tokenizer, out_dir)
     return {"sft/final_loss": last.get("sft/loss", float("nan")), "sft/steps": s.steps,
             "sft/wall_s": time.perf_counter() - start, "sft/out_dir": str(out_dir)}
