@@ -137,13 +137,15 @@ def batch_metrics(exp: Experience, step_delimiter: str) -> dict[str, torch.Tenso
     return metrics
 
 
-def correct_for_sampler(exp: Experience, policy: PolicyConfig) -> dict[str, torch.Tensor]:
-    """With old log-probs recomputed by the trainer: their gap to the sampler's (metrics), and
-    with policy.rollout_correction=tis the truncated importance weights applied to the
-    advantages in place. Weighting each token's clipped loss by w >= 0 is weighting its
+def correct_for_sampler(exp: Experience, policy: PolicyConfig,
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The advantages [N, T] corrected for the sampler, and metrics. With old log-probs
+    recomputed by the trainer: their gap to the sampler's (metrics), and with
+    policy.rollout_correction=tis new advantages weighted by the truncated importance weights
+    (`exp` is left as it is). Weighting each token's clipped loss by w >= 0 is weighting its
     advantage, since max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)); critic returns stay."""
     if policy.old_logprobs == "rollout":  # the same tensor: nothing to compare or correct
-        return {}
+        return exp.advantages, {}
     cpu = exp.old_logprobs.device
     sampled, mask = exp.batch.sampling_logprobs.to(cpu), exp.response_mask.to(cpu)  # [N, T]
     metrics = dict(logprob_mismatch(exp.old_logprobs, sampled, mask,
@@ -152,9 +154,9 @@ def correct_for_sampler(exp: Experience, policy: PolicyConfig) -> dict[str, torc
     if policy.rollout_correction == "tis":
         w = truncated_importance_weights(exp.old_logprobs, sampled, mask,
                                          cap=policy.tis_cap)  # [N, T]
-        exp.advantages = exp.advantages * w.to(exp.advantages.device)
         metrics["rollout/tis_weight_mean"] = masked_mean(w, mask, all_reduce=dist.all_reduce_sum)
-    return metrics
+        return exp.advantages * w.to(exp.advantages.device), metrics  # [N, T]
+    return exp.advantages, metrics
 
 
 def sample_rows(exp: Experience, tokenizer, n: int) -> list[dict]:
