@@ -22,7 +22,8 @@ Each run is a subprocess (`python -m primekit.cli train ...`, in its own session
 out-of-memory kill or a hung run takes down that run only, and the next runs go on. A first
 SIGINT/SIGTERM to the experiment forwards one SIGINT to each running run (the trainer then saves a
 checkpoint at the end of its step and exits), waits for them, and stops; run the same command
-again to continue. `in_process=main` calls the given CLI entry (`primekit.cli.main`, handed in by
+again to continue. If the experiment process is killed outright, each run gets that SIGINT from
+the kernel (Linux: PR_SET_PDEATHSIG), so no orphaned run keeps its run directory locked. `in_process=main` calls the given CLI entry (`primekit.cli.main`, handed in by
 the caller: this package does not import the CLI that imports it) in this process instead: no
 isolation and no parallel runs; the tests use it to skip a ~10 s Python start per run.
 """
@@ -156,8 +157,22 @@ def _start(launch: Launch, in_process: InProcess) -> None:
     code = "import sys; from primekit.cli import main; sys.exit(main())"
     launch.proc = subprocess.Popen([sys.executable, "-c", code, *launch.argv], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)  # our Ctrl-C is forwarded, once
+                                   start_new_session=True,  # our Ctrl-C is forwarded, once
+                                   preexec_fn=_stop_with_parent)
     log.close()
+
+
+def _stop_with_parent() -> None:
+    """In the child, before it runs: SIGINT when the experiment process dies (even by SIGKILL),
+    so an orphaned run checkpoints and exits instead of holding its run directory (Linux
+    prctl(PR_SET_PDEATHSIG); elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)  # 1 = PR_SET_PDEATHSIG
 
 
 class Display:
@@ -327,12 +342,21 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
             if running:
                 time.sleep(0.5)
     except KeyboardInterrupt:
-        for _, launch in running:  # one SIGINT each: the trainer checkpoints and exits
-            if launch.proc.poll() is None:
-                launch.proc.send_signal(signal.SIGINT)
-        for _, launch in running:
-            rc = launch.proc.wait()
-            _record(out_dir, launch, rc)
+        def forward(signum=None, frame=None) -> None:
+            for _, launch in running:  # a SIGINT each: the trainer checkpoints and exits
+                if launch.proc.poll() is None:
+                    launch.proc.send_signal(signal.SIGINT)
+
+        forward()
+        # While they save: a second Ctrl-C/SIGTERM is forwarded too (the trainer then stops at
+        # once without saving), and never cuts short this wait.
+        before = signal.signal(signal.SIGINT, forward), signal.signal(signal.SIGTERM, forward)
+        try:
+            for _, launch in running:
+                _record(out_dir, launch, launch.proc.wait())
+        finally:
+            signal.signal(signal.SIGINT, before[0])
+            signal.signal(signal.SIGTERM, before[1])
         display.event(f"stopped: {len(running)} running run(s) asked to checkpoint and stop; "
                       f"run the same command again to continue")
         raise

@@ -99,13 +99,53 @@ def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
     assert "| prime | 2 |" in text and "| rloo | 2 |" in text
 
 
-def test_cli_experiment_on_a_spec_file_writes_the_report(tiny_model_dir, tmp_path, capsys):
-    spec = write_spec(tmp_path / "one.yaml", tiny_model_dir, seeds=[0])
+def test_cli_experiment_with_sft_per_task_family(tmp_path):
+    # Two task families, each with its own SFT model (spec key sft) that its runs start from.
+    spec = write_spec(tmp_path / "one.yaml", Path("unused"), seeds=[0],
+                      tasks={"arith": {"data.task_family": "arithmetic"},
+                             "chains": {"data.task_family": "chains"}},
+                      sft={"sft.steps": 2, "sft.batch_size": 8, "sft.warmup_steps": 0,
+                           "sft.threads": 1})
     spec_text = yaml.safe_load(spec.read_text())
     spec_text["overrides"]["train.steps"] = 1
     spec.write_text(yaml.safe_dump(spec_text))
     out = tmp_path / "exp"
     assert main(["experiment", str(spec), "--out", str(out), "--in-process", "--no-plots"]) == 0
     assert (out / "report.md").is_file() and (out / "spec.yaml").is_file()
-    assert sorted(p.name for p in (out / "runs").iterdir()) == ["default--prime--s0",
-                                                                "default--rloo--s0"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [
+        "arith--prime--s0", "arith--rloo--s0", "chains--prime--s0", "chains--rloo--s0"]
+    for task in ("arith", "chains"):
+        assert (out / "sft" / task / "config.json").is_file()
+    run = json.loads((out / "runs" / "chains--rloo--s0" / "metrics.jsonl").read_text()
+                     .splitlines()[0])
+    assert run["step"] == 1
+    state = json.loads((out / "runs" / "chains--rloo--s0" / "checkpoints" / "step_000001" /
+                        "trainer_state.json").read_text())
+    assert state["config"]["model"]["policy"] == str(out / "sft" / "chains")
+    assert state["config"]["data"]["task_family"] == "chains"
+    attempts = [json.loads(x)["run"] for x in (out / "attempts.jsonl").read_text().splitlines()]
+    assert attempts[:2] == ["sft-arith", "sft-chains"]
+    text = (out / "report.md").read_text()
+    assert "| arith | prime vs rloo |" in text and "| chains | prime vs rloo |" in text
+
+
+@pytest.mark.slow
+def test_subprocess_runs_side_by_side(tiny_model_dir, tmp_path):
+    # The default launcher: each run a `primekit train` subprocess, here two at once with one
+    # thread each (2 cores // --parallel 2).
+    import subprocess
+    import sys
+
+    spec = write_spec(tmp_path / "spec.yaml", tiny_model_dir, seeds=[0])
+    out = tmp_path / "exp"
+    done = subprocess.run([sys.executable, "-c", "import sys; from primekit.cli import main; "
+                           "sys.exit(main())", "experiment", str(spec), "--out", str(out),
+                           "--parallel", "2", "--no-plots"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    attempts = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+    assert sorted((a["run"], a["rc"]) for a in attempts) == [("default--prime--s0", 0),
+                                                            ("default--rloo--s0", 0)]
+    log = (out / "logs" / "default--prime--s0.log").read_text()
+    assert "train.threads=" in log.splitlines()[1]  # the header names the launched command
+    assert (out / "report.md").is_file()
