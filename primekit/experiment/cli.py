@@ -56,6 +56,9 @@ def run(args, main=None) -> int:
     spec = load_spec(args.spec)
     out = Path(args.out) if args.out else default_out_dir(spec)
     failed = []
+    if args.report_only and not (out / "runs").is_dir():
+        raise SpecError(f"--report-only: {out} holds no runs of this experiment; start it with "
+                        f"primekit experiment {args.spec}" + (f" --out {out}" if args.out else ""))
     if not args.report_only:
         result = run_experiment(spec, out, parallel=args.parallel, in_process=main if args.in_process else None,
                                 max_runs=args.max_runs)

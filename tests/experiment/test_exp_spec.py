@@ -96,6 +96,13 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
     assert err.startswith("primekit: configuration error: ") and "arms.prime: prm.betta" in err
     assert main(["experiment", "no-such-spec"]) == 2
     assert "neither a spec file nor a packaged spec" in capsys.readouterr().err
+    good = write(tmp_path)
+    assert main(["experiment", str(good), "--report-only", "--out", str(tmp_path / "none")]) == 2
+    assert "--report-only: " in capsys.readouterr().err
+    assert main(["experiment", str(good), "--parallel", "0"]) == 2
+    assert "--parallel: expected at least 1, got 0" in capsys.readouterr().err
+    assert main(["experiment"]) == 2
+    assert "give a spec" in capsys.readouterr().err
 
 
 def test_list_shows_every_packaged_spec_and_each_validates(capsys):
