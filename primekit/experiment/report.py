@@ -245,7 +245,9 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
     lines += ["", "## Final metrics (mean [95% t-interval] over seeds, n seeds)", "",
               f"Per-step metrics: mean over the last {spec.window} steps of each run; eval/ "
               "metrics: the final evaluation; train seconds: the sum of timing/step.", ""]
-    keys = [k for prefix in TABLE_METRICS for k in match_keys(all_logs, prefix)] + [TRAIN_SECONDS]
+    keys = ([v.metric for v in spec.verdicts]  # the verdicts' metrics first, then the usual ones
+            + [k for prefix in TABLE_METRICS for k in match_keys(all_logs, prefix)]
+            + [TRAIN_SECONDS])
     keys = [k for k in dict.fromkeys(keys) if any(k in g.series for g in all_logs)]
     for task in spec.tasks:
         lines += [f"### {task}", "", "| arm | n | " + " | ".join(f"`{k}`" for k in keys) + " |",
