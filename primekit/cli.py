@@ -174,6 +174,9 @@ def _run_to_output(args) -> None:
     field = OUTPUTS[args.command]
     out = Path(attrgetter(field)(cfg))
     before = _identity(out)
+    from primekit.validate import check_output_inputs
+
+    check_output_inputs(args.command, cfg)  # data files and models before the output is touched
     try:
         with rundir.owned_output(out, field), signals.stop_at_once():
             if args.command == "sft":
@@ -198,7 +201,10 @@ def _run_distributed_command(args, cfg) -> None:
 
         with rundir.owned(cfg, resume=args.resume, overwrite=args.overwrite), \
                 signals.graceful_stop():
-            build_rl_trainer(cfg, resume=args.resume).train()
+            trainer = build_rl_trainer(cfg, resume=args.resume)
+            if args.overwrite:  # only now: config, data and models are validated and loaded
+                rundir.empty_for_overwrite(cfg)
+            trainer.train()
     else:
         from primekit.logging import print_table
         from primekit.trainer.eval import evaluate_checkpoint

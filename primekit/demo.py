@@ -84,6 +84,9 @@ def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict:
 
     argv = demo_overrides(run_dir, overrides)
     cfg = load_config(CONFIG_DIR / "tiny.yaml", argv)  # a bad override fails before anything
+    from primekit.validate import check_output_inputs
+
+    check_output_inputs("sft", cfg)  # its data files and models before an earlier demo is emptied
     with rundir.lock(run_dir, "demo --run-dir"), signals.stop_at_once():
         claim_run_dir(run_dir)
         return _run(run_dir, cfg, argv, overrides)

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from primekit.algorithms import ESTIMATORS
 from primekit.config import Config, ConfigError
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts, load_splits
@@ -181,7 +182,7 @@ def model_roles(cfg: Config) -> dict[str, str | None]:
         roles["model.ref"] = m.ref
     if a.reward_mode == "prime":
         roles["model.prm"] = m.prm
-    if a.estimator == "ppo":
+    if ESTIMATORS[a.estimator].critic:
         roles["model.critic"] = m.critic
     if a.reward_mode in ("explicit-orm", "explicit-prm"):
         roles["explicit.model_path"] = cfg.explicit.model_path
@@ -233,3 +234,24 @@ def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None)
     finally:
         hf_logging.set_verbosity(verbosity)
     return Inputs(tokenizer, train, heldout, train_ids, eval_ids)
+
+
+def check_output_inputs(command: str, cfg: Config) -> None:
+    """What `sft`, `train-orm` and `train-prm` read, checked before their output directory (or
+    the demo's run directory) is touched: the data files (named file and line on a bad row) and
+    the local model directories they start from. The procedural task has no files to check (and
+    drawing it takes seconds, so it is left to the command)."""
+    if cfg.data.source == "file":
+        load_splits(cfg)
+    base = {"train-orm": ("orm.base", cfg.orm.base), "train-prm": ("step_prm.base",
+                                                                   cfg.step_prm.base)}
+    models: dict[str, str | None] = {}
+    if command == "sft":
+        models["sft.init"] = None if cfg.sft.init == "tiny" else cfg.sft.init
+    elif command in base:
+        field, path = base[command]
+        models[field if path else "model.policy"] = path or cfg.model.policy
+    if command == "train-prm" and cfg.step_prm.completer:
+        check_model_dir(cfg.step_prm.completer, "step_prm.completer")
+    for field, path in models.items():
+        check_model_dir(path, field, tokenizer=True)

@@ -50,7 +50,8 @@ MAY_CHANGE = (
     "train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints",
     "train.report_to", "train.threads", "train.device", "train.run_dir", "train.on_nonfinite",
     "eval.", "verifier.math_workers", "verifier.code_workers", "rollout.micro_batch_size",
-    "policy.micro_batch_size", "prm.micro_batch_size", "sft.", "orm.", "step_prm.",
+    "policy.micro_batch_size", "prm.micro_batch_size", "policy.max_tokens_per_micro_batch",
+    "prm.max_tokens_per_micro_batch", "policy.packing", "prm.packing", "sft.", "orm.", "step_prm.",
     "hack_check.",
 )
 
@@ -111,20 +112,85 @@ def _contents(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.iterdir() if p.name not in keep) if run_dir.is_dir() else []
 
 
+# What `primekit train` (and `primekit export`'s default --out) writes in a run directory, and
+# the temp files of its atomic rewrites: `--overwrite` empties only a directory holding these.
+RUN_FILES = ("checkpoints", "final", "export", "metrics.jsonl", "samples.jsonl", "tensorboard",
+             "wandb", LOCK, CONTROL)
+# What a model output directory (`models.hf.save_model`, plus the reward models' reports) holds:
+# `sft`, `train-orm` and `train-prm` replace only a directory holding these.
+MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+               "*.bin", "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt",
+               "added_tokens.json", "chat_template.jinja", "train_metrics.json", "labels_*.jsonl")
+
+
+def _names(paths: list[Path]) -> str:
+    return ", ".join(p.name + ("/" if p.is_dir() else "") for p in paths[:4]) + (
+        f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+
+
+def _is_run_file(name: str) -> bool:
+    return name in RUN_FILES or (name.startswith(("metrics.jsonl", "samples.jsonl"))
+                                 and name.endswith(".tmp")) or name.startswith(".final")
+
+
 def check_fresh(cfg: Config, overwrite: bool) -> None:
-    """A fresh run needs an empty run directory; `overwrite` empties it."""
+    """A fresh run needs an empty run directory; with `overwrite`, one holding only a training
+    run (`RUN_FILES`), which `empty_for_overwrite` empties once everything else has been checked.
+    Deletes nothing."""
     run_dir = Path(cfg.train.run_dir)
     contents = _contents(run_dir)
     if not contents:
         return
     if not overwrite:
-        names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in contents[:4])
         raise ConfigError(
-            f"train.run_dir: {str(run_dir)!r} already holds a run ({names}); continue it with "
-            f"--resume, or discard it with --overwrite")
+            f"train.run_dir: {str(run_dir)!r} already holds a run ({_names(contents)}); "
+            f"continue it with --resume, or discard it with --overwrite")
+    foreign = [p for p in contents if not _is_run_file(p.name)]
+    if foreign:
+        raise ConfigError(
+            f"--overwrite: train.run_dir {str(run_dir)!r} holds files primekit train does not "
+            f"write ({_names(foreign)}); it is not a training run, so nothing was deleted: "
+            f"choose another train.run_dir, or move those files away yourself")
+
+
+def empty_for_overwrite(cfg: Config) -> None:
+    """`--overwrite`: empty the run directory (checked by `check_fresh`), on the main rank. The
+    caller does this only after the config, data and models have been validated and loaded, so
+    a bad input never costs the earlier run. A SIGINT/SIGTERM that arrived before this keeps it
+    too (`signals.Stopped`, nothing deleted)."""
+    from primekit.trainer import signals
+
+    if signals.requested():
+        raise signals.Stopped(signals.requested(), 0, None)
+    run_dir = Path(cfg.train.run_dir)
+    if not dist.is_main():
+        return
+    contents = _contents(run_dir)
     for p in contents:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    console.print(f"--overwrite: emptied {run_dir}")
+    if contents:
+        console.print(f"--overwrite: emptied {run_dir}")
+
+
+def check_model_output(out_dir: Path, field: str) -> None:
+    """The output directory of `sft`, `train-orm` or `train-prm` is replaced whole at the end:
+    refuse one that holds anything but a model (`MODEL_FILES`), e.g. a training run."""
+    from fnmatch import fnmatch
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{field}: {str(out_dir)!r} is a file, not a directory")
+    if not out_dir.is_dir():
+        return
+    # (A `.lock` is left by a `primekit train` refused there: not a run.)
+    foreign = sorted(p for p in out_dir.iterdir() if p.name != LOCK and (
+        p.is_dir() or not any(fnmatch(p.name, m) for m in MODEL_FILES)))
+    if foreign:
+        what = ("a training run" if any(_is_run_file(p.name) for p in foreign)
+                else "files that are not a model")
+        raise ConfigError(
+            f"{field}: {str(out_dir)!r} holds {what} ({_names(foreign)}), which this command "
+            f"would replace with its model; nothing was written: choose another {field}")
 
 
 def _cause(e: OSError) -> str:
@@ -178,6 +244,7 @@ def owned_output(out_dir: Path, field: str) -> Iterator[None]:
     a whole, so an earlier output needs no `--overwrite`: it stays until the new one is
     complete."""
     out_dir = Path(out_dir)
+    check_model_output(out_dir, field)  # before the lock file is made beside it
     with lock(out_dir, field, output_lock_file(out_dir)), \
             write_errors(out_dir.parent, intact=f"{field} {str(out_dir)!r} is as it was",
                          what=field):

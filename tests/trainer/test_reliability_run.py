@@ -185,7 +185,10 @@ def test_fresh_run_in_a_used_directory_is_refused_unless_overwrite(rl_overrides,
     cfg_args = rl_overrides(run)
     from primekit.config import load_config
 
-    rundir.check_fresh(load_config(CONFIG, cfg_args), overwrite=True)
+    cfg = load_config(CONFIG, cfg_args)
+    rundir.check_fresh(cfg, overwrite=True)  # checks only (tests/reliability/test_rel_overwrite.py)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoints", "metrics.jsonl"]
+    rundir.empty_for_overwrite(cfg)  # the CLI's, once the trainer is built
     assert [p.name for p in run.iterdir()] == [".lock"]  # kept: see rundir.lock
 
 
