@@ -89,6 +89,10 @@ class ArithmeticTask:
         test_fraction: share of all possible expressions reserved for the test split.
     """
 
+    # Names the random stream and the problem ids ("arithmetic-train-0-5"); a subclass with
+    # other defaults (primekit.data.chains) draws its own stream under its own name.
+    family = "arithmetic"
+
     def __init__(
         self,
         min_operands: int = 2,
@@ -154,7 +158,7 @@ class ArithmeticTask:
         return Problem(
             id=id,
             prompt=expression + "=",
-            task="arithmetic",
+            task="arithmetic",  # the verifier's name: every family of this format is graded alike
             answer=str(answer),
             solution=demonstration(expression),
             meta={"difficulty": len(steps) + 1, "expression": expression},
@@ -172,7 +176,7 @@ class ArithmeticTask:
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be a non-negative int, got {n!r}")
-        rng = random.Random(f"arithmetic/{split}/{seed}")
+        rng = random.Random(f"{self.family}/{split}/{seed}")
         out: list[Problem] = []
         seen: set[str] = set()
         attempts, max_attempts = 0, 1000 + 200 * n
@@ -191,5 +195,5 @@ class ArithmeticTask:
                 if expression in seen:
                     continue
                 seen.add(expression)
-            out.append(self.make_problem(expression, f"arithmetic-{split}-{seed}-{len(out)}"))
+            out.append(self.make_problem(expression, f"{self.family}-{split}-{seed}-{len(out)}"))
         return out

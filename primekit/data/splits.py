@@ -11,9 +11,7 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
     """Train and held-out problems for the configured source; the two never overlap."""
     d = cfg.data
     if d.source == "arithmetic":
-        from primekit.data.arithmetic import ArithmeticTask
-
-        task = ArithmeticTask(min_operands=d.min_operands, max_operands=d.max_operands)
+        task = procedural_task(cfg)
         # Training prompts are a distribution to sample from, so they may repeat. Held-out
         # problems are all distinct: drawn with replacement, the 18 two-operand test
         # expressions would each be counted several times and dominate the score.
@@ -39,10 +37,36 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
     return train, heldout[: d.num_eval]
 
 
+def procedural_task(cfg: Config):
+    """The generator of `data.task_family` (docs/tasks.md): `ArithmeticTask`, `ChainTask` or
+    `RgymTask`, each with `problems(n, split, seed, unique=...)`."""
+    d = cfg.data
+    if d.task_family == "arithmetic":
+        from primekit.data.arithmetic import ArithmeticTask
+
+        return ArithmeticTask(min_operands=d.min_operands, max_operands=d.max_operands)
+    if d.task_family == "chains":
+        from primekit.data.chains import ChainTask
+
+        return ChainTask(min_operands=d.chain_min_operands, max_operands=d.chain_max_operands)
+    from primekit.data.rgym import RgymTask, rgym_name
+
+    try:
+        return RgymTask(rgym_name(d.task_family), d.rgym_config)
+    except ImportError as err:
+        raise ConfigError(f"data.task_family: {err}") from None
+    except ValueError as err:
+        field = "data.rgym_config" if "config" in str(err) else "data.task_family"
+        raise ConfigError(f"{field}: {err}") from None
+
+
 def verifier_task(cfg: Config) -> str:
     """The verifier for the configured data: file rows each name their own task (`data.task`
-    only for rows without one), so files are graded per row ("mixed")."""
-    return "arithmetic" if cfg.data.source == "arithmetic" else "mixed"
+    only for rows without one), so files are graded per row ("mixed"); the arithmetic and
+    chains families are graded by the arithmetic verifier, rgym:<name> by reasoning-gym's."""
+    if cfg.data.source != "arithmetic":
+        return "mixed"
+    return "rgym" if cfg.data.task_family.startswith("rgym:") else "arithmetic"
 
 
 def encode_prompts(tokenizer, problems: list[Problem], cfg: Config) -> list[list[int]]:

@@ -36,6 +36,13 @@ def _arithmetic(limits: VerifierConfig) -> Verifier:
     return ArithmeticVerifier()  # exact match: no time, memory or workers to limit
 
 
+def _rgym(limits: VerifierConfig) -> Verifier:
+    # Lazy like _arithmetic: reasoning-gym is an optional extra, imported at the first grading.
+    from primekit.verifiers.rgym import RgymVerifier
+
+    return RgymVerifier()  # reasoning-gym's own scorers: pure Python, no limits to apply
+
+
 def _one_task(task: str, limits: VerifierConfig) -> Verifier:
     if task == "mixed":
         raise ValueError("a problem's task must be a single task, not 'mixed'")
@@ -53,6 +60,7 @@ VERIFIERS: dict[str, Callable[[VerifierConfig], Verifier]] = {
     "math": _math,
     "code": _code,
     "arithmetic": _arithmetic,
+    "rgym": _rgym,
     "mixed": _mixed,
 }
 
