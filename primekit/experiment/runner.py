@@ -243,8 +243,9 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         raise SpecError("--parallel: runs side by side need subprocesses (not --in-process)")
     out_dir.mkdir(parents=True, exist_ok=True)
     with lock(out_dir, "experiment --out"):
-        if spec.path is not None:
-            shutil.copyfile(spec.path, out_dir / "spec.yaml")
+        copy = out_dir / "spec.yaml"
+        if spec.path is not None and not (copy.exists() and copy.samefile(spec.path)):
+            shutil.copyfile(spec.path, copy)
         _run_sft(spec, out_dir, in_process, on_launch)
         runs = spec.runs(out_dir)
         configs = {r.run_id: r.config(spec) for r in runs}

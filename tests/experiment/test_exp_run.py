@@ -13,7 +13,7 @@ import yaml
 from primekit.cli import main
 from primekit.experiment.report import write_report
 from primekit.experiment.runner import FINISHED, RESUME, run_experiment, run_state
-from primekit.experiment.spec import load_spec
+from primekit.experiment.spec import SpecError, load_spec
 
 SMALL = {
     "train.steps": 2, "train.prompts_per_step": 4, "train.save_every": 0, "train.threads": 1,
@@ -97,6 +97,14 @@ def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
     assert (out / "plots" / "train_reward.png").read_bytes()[:4] == b"\x89PNG"
     # The final-metrics table has both arms with n = 2 seeds.
     assert "| prime | 2 |" in text and "| rloo | 2 |" in text
+
+    # An edited spec does not silently reuse runs trained with the old config.
+    edited = load_spec(write_spec(tmp_path / "edited.yaml", tiny_model_dir,
+                                  arms={"prime": {"prm.beta": 0.1},
+                                        "rloo": {"algorithm.reward_mode": "outcome"}}))
+    with pytest.raises(SpecError, match=r"run default--prime--s0: .* was trained with another "
+                                        r"config .*prm.beta 0.05 -> 0.1"):
+        run_experiment(edited, out, in_process=main)
 
 
 def test_cli_experiment_with_sft_per_task_family(tmp_path):
