@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from primekit import distributed as dist
+from primekit.algorithms import ESTIMATORS
 from primekit.config import Config, ConfigError
 from primekit.data.splits import verifier_task
 from primekit.models.hf import (
@@ -59,7 +60,7 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
         ref = load_placed(cfg, m.ref or m.policy, device, trainable=False)
     if rewarder is None and a.reward_mode != "outcome":
         rewarder = build_rewarder(cfg, tokenizer, device)
-    critic = build_critic(cfg, device) if a.estimator == "ppo" else None
+    critic = build_critic(cfg, device) if ESTIMATORS[a.estimator].critic else None
     if engine is None and r.backend == "vllm":
         from primekit.rollout.vllm import VLLMRolloutEngine
 

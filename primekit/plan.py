@@ -13,6 +13,7 @@ import copy
 import inspect
 from dataclasses import dataclass, field
 
+from primekit.algorithms import ESTIMATORS
 from primekit.config import Config, ConfigError
 from primekit.models import memory as mem
 
@@ -122,7 +123,7 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
                                 mem.frozen_state_bytes(params, cb, gpus), per))
 
     trained("policy", P)
-    if a.estimator == "ppo":
+    if ESTIMATORS[a.estimator].critic:
         trained("critic", mem.model_params(shape, "value"))
     prm_online = a.reward_mode == "prime" and cfg.prm.update == "online"
     if a.reward_mode == "prime":
@@ -190,7 +191,7 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
     update("policy update", cfg.policy.micro_batch_size, "lm", entropy=True)
     if prm_online:
         update("PRM update", prm_rows(cfg), "lm", entropy=False)
-    if a.estimator == "ppo":
+    if ESTIMATORS[a.estimator].critic:
         update("critic update", cfg.policy.micro_batch_size, "value", entropy=False)
     plan.replicated = engine + max(plan.phase_bytes(p) for p in plan.phases)
     return plan

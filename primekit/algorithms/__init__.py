@@ -7,6 +7,7 @@ estimators combine.
 from primekit.algorithms.advantages import (
     ESTIMATORS,
     AdvantageParts,
+    Estimator,
     broadcast_outcome_advantages,
     compute_advantages,
     discounted_returns,
@@ -94,6 +95,7 @@ from primekit.algorithms.segmentation import (
 
 __all__ = [
     "ESTIMATORS",
+    "Estimator",
     "LOSS_AGG_MODES",
     "PROCESS_REWARD_TRANSFORMS",
     "AdvantageParts",

@@ -10,9 +10,10 @@ PRIME Eq. 5 (RLOO, arXiv 2502.01456), for sample i of its group G (|G| = K):
             + (r_o(y^i) - mean_{j!=i} r_o(y^j))
 Process and outcome terms are baselined separately, then added (with coefficients).
 
-Use: an estimator from ESTIMATORS returns the unweighted parts (AdvantageParts), then
-`compute_advantages` weights and adds them, subtracts an optional KL penalty and whitens:
-    parts = ESTIMATORS["rloo"](outcome_rewards=o, response_mask=m, group_ids=g, token_rewards=r)
+Use: an estimator function (an entry of ESTIMATORS, `.fn`) returns the unweighted parts
+(AdvantageParts), then `compute_advantages` weights and adds them, subtracts an optional KL
+penalty and whitens:
+    parts = ESTIMATORS["rloo"].fn(outcome_rewards=o, response_mask=m, group_ids=g, token_rewards=r)
     adv, returns, metrics = compute_advantages(parts, response_mask=m, process_coef=5.0,
                                                outcome_coef=5.0, whiten=True)
 See docs/algorithms.md for every estimator's formula and the choices the papers leave open.
@@ -21,7 +22,8 @@ See docs/algorithms.md for every estimator's formula and the choices the papers 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,6 +39,7 @@ from primekit.algorithms.masked import masked_mean, masked_mean_std, masked_whit
 __all__ = [
     "ESTIMATORS",
     "AdvantageParts",
+    "Estimator",
     "broadcast_outcome_advantages",
     "compute_advantages",
     "discounted_returns",
@@ -412,7 +415,7 @@ def implicit_values(
 
 # ---------------------------------------------------------------------------------------------
 # estimators: each returns the unweighted parts of the advantage; `compute_advantages` weights,
-# adds, penalises and whitens them. The trainer calls ESTIMATORS[name](**kwargs), then
+# adds, penalises and whitens them. The trainer calls ESTIMATORS[name].fn(**kwargs), then
 # compute_advantages(parts, ...).
 
 
@@ -657,12 +660,39 @@ def implicit_value_advantages(
 
 
 # name -> estimator; every estimator takes keyword arguments only and returns AdvantageParts.
-ESTIMATORS: dict[str, Callable[..., AdvantageParts]] = {
-    "rloo": rloo_advantages,
-    "grpo": grpo_advantages,
-    "reinforce": reinforce_advantages,
-    "ppo": ppo_advantages,
-    "prime-value": implicit_value_advantages,
+@dataclass(frozen=True)
+class Estimator:
+    """One estimator as the trainer uses it: the function, and what calling it takes.
+
+    fn: the estimator function itself (returns AdvantageParts).
+    options: (algorithm, group_ids [N], values [N, T] or None) -> fn's own keyword arguments;
+        `algorithm` is the config's algorithm section (any object with its fields).
+    critic: trains a value model whose values `options` reads; the KL penalty then goes into
+        the token rewards (Gao et al.'s PPO) instead of the policy loss.
+    min_samples: samples per prompt it needs (a leave-one-out or group baseline: 2).
+    """
+
+    fn: Callable[..., AdvantageParts]
+    options: Callable[[Any, torch.Tensor, torch.Tensor | None], dict[str, Any]]
+    critic: bool = False
+    min_samples: int = 1
+
+
+# The estimators by name (algorithm.estimator, whose Literal lists these names; a test checks
+# both agree): adding one is its function and one entry here.
+ESTIMATORS: dict[str, Estimator] = {
+    "rloo": Estimator(rloo_advantages, min_samples=2, options=lambda a, group_ids, values: {
+        "group_ids": group_ids, "variant": a.rloo_variant,
+        "discount_outcome": a.discount_outcome}),
+    "grpo": Estimator(grpo_advantages, min_samples=2, options=lambda a, group_ids, values: {
+        "group_ids": group_ids, "scale_by_std": a.grpo_scale_by_std,
+        "discount_outcome": a.discount_outcome}),
+    "reinforce": Estimator(reinforce_advantages, options=lambda a, group_ids, values: {
+        "baseline": a.reinforce_baseline, "discount_outcome": a.discount_outcome}),
+    "ppo": Estimator(ppo_advantages, critic=True, options=lambda a, group_ids, values: {
+        "values": values, "lam": a.lam}),
+    "prime-value": Estimator(implicit_value_advantages, options=lambda a, group_ids, values: {
+        "lam": a.lam, "value_transform": a.value_transform}),
 }
 
 
@@ -687,7 +717,7 @@ def compute_advantages(
     reference code does; then only the ratio process_coef / outcome_coef matters).
 
     Args:
-        parts: from an estimator in ESTIMATORS.
+        parts: from an estimator function (ESTIMATORS[name].fn).
         response_mask: [N, T].
         process_coef, outcome_coef: weights of the two terms (process_coef unused when
             parts.process is None).

@@ -7,7 +7,7 @@ bottom as a sequence of synchronous phases, each with explicit inputs and output
   score       old-policy log-probs (for the PPO ratio) and reference log-probs (PRM, KL)
   reward      the token rewarder: the implicit PRM's online update and its token rewards
               (Eq. 3; under single forward from the update's own forward), or an explicit RM
-  values      critic values (estimator "ppo" only)
+  values      critic values (an estimator with a critic: "ppo")
   advantages  the estimator (Eq. 5 for RLOO), coefficients, KL, whitening
   update      critic, then policy (PPO clip, Eq. 6) in mini-batches
   sync        the new policy weights into the rollout engine
@@ -83,7 +83,7 @@ class RLTrainer:
         rewarder: dense token rewards (implicit PRM or explicit RM); None: outcome only.
         ref: the frozen reference model, if the rewarder or a KL term needs one; without it the
             old-policy log-probs stand in for the reference (`prm.reference=rollout`).
-        critic: a value model (estimator "ppo").
+        critic: a value model (an estimator whose ESTIMATORS entry has `critic`: "ppo").
         prompt_ids: the token ids of train_problems' and eval_problems' prompts, when the caller
             has them (`primekit.validate` tokenises them for its length check); None: encoded here.
     """
@@ -300,20 +300,12 @@ class RLTrainer:
         if token_rewards is not None and a.process_max_abs_norm:  # a reference-code option
             token_rewards = normalize_by_max_abs_return(token_rewards, exp.response_mask,
                                                         all_reduce_max=dist.all_reduce_max)
-        options = {  # each estimator's own arguments, from the config
-            "rloo": {"group_ids": exp.group_ids, "variant": a.rloo_variant,
-                     "discount_outcome": a.discount_outcome},
-            "grpo": {"group_ids": exp.group_ids, "scale_by_std": a.grpo_scale_by_std,
-                     "discount_outcome": a.discount_outcome},
-            "reinforce": {"baseline": a.reinforce_baseline, "discount_outcome": a.discount_outcome},
-            "ppo": {"values": exp.values, "lam": a.lam},
-            "prime-value": {"lam": a.lam, "value_transform": a.value_transform},
-        }[a.estimator]
-        parts = ESTIMATORS[a.estimator](outcome_rewards=exp.outcome_rewards,
-                                        response_mask=exp.response_mask,
-                                        token_rewards=token_rewards, gamma=a.gamma, **options)
+        estimator = ESTIMATORS[a.estimator]
+        parts = estimator.fn(outcome_rewards=exp.outcome_rewards, response_mask=exp.response_mask,
+                             token_rewards=token_rewards, gamma=a.gamma,
+                             **estimator.options(a, exp.group_ids, exp.values))
         kl, kl_metrics = None, {}
-        if a.estimator == "ppo" and a.kl_coef > 0:
+        if estimator.critic and a.kl_coef > 0:
             # PPO with a critic puts the KL penalty into the token rewards (Gao et al.'s setup);
             # the other estimators add it to the loss (update_policy).
             kl = kl_penalty(exp.old_logprobs, exp.ref_logprobs, kind="k1")  # [N, T]
@@ -353,7 +345,7 @@ class RLTrainer:
                     ent_loss, em = entropy_loss(ent.float(), m, agg=cfg.loss_agg)
                     if a.entropy_coef > 0:
                         loss = loss + a.entropy_coef * ent_loss
-                    if a.kl_coef > 0 and a.estimator != "ppo":
+                    if a.kl_coef > 0 and not ESTIMATORS[a.estimator].critic:  # else in rewards
                         kloss, km = kl_loss(lp, exp.ref_logprobs[rows, :t].to(lp.device), m,
                                             kind=a.kl_kind, agg=cfg.loss_agg)
                         loss = loss + a.kl_coef * kloss

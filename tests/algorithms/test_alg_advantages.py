@@ -48,7 +48,7 @@ def random_batch(seed: int, n_groups: int = 4, max_k: int = 5, T: int = 9):
 
 
 def estimator_kwargs(name, tr, mask, ids, outcome, values, gamma=1.0, lam=1.0, **options):
-    """Keyword arguments of ESTIMATORS[name], as a trainer builds them from its config."""
+    """Keyword arguments of ESTIMATORS[name].fn, as a trainer builds them from its config."""
     data = dict(outcome_rewards=outcome, response_mask=mask, token_rewards=tr)
     per_estimator = {
         "rloo": dict(group_ids=ids, gamma=gamma),
@@ -61,9 +61,9 @@ def estimator_kwargs(name, tr, mask, ids, outcome, values, gamma=1.0, lam=1.0, *
 
 
 def run_estimator(name, tr, mask, ids, outcome, values, gamma=1.0, lam=1.0, options=None, **kw):
-    """ESTIMATORS[name] then compute_advantages(**kw): the trainer's two calls."""
+    """ESTIMATORS[name].fn then compute_advantages(**kw): the trainer's two calls."""
     kwargs = estimator_kwargs(name, tr, mask, ids, outcome, values, gamma, lam, **(options or {}))
-    return compute_advantages(ESTIMATORS[name](**kwargs), response_mask=mask, **kw)
+    return compute_advantages(ESTIMATORS[name].fn(**kwargs), response_mask=mask, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def test_discounted_outcome_is_the_last_token_reward_inside_the_return(seed):
     assert torch.allclose(adv, expected, atol=1e-12)
     # with gamma = 1 both forms coincide
     kw = dict(outcome_rewards=outcome, response_mask=mask, group_ids=ids, token_rewards=tr)
-    for est in (rloo_advantages, ESTIMATORS["grpo"]):
+    for est in (rloo_advantages, ESTIMATORS["grpo"].fn):
         a, _, _ = compute_advantages(est(**kw, discount_outcome=True), response_mask=mask)
         b, _, _ = compute_advantages(est(**kw, discount_outcome=False), response_mask=mask)
         assert torch.equal(a, b)
@@ -445,7 +445,10 @@ def loop_compute(
 
 def test_estimator_registry():
     assert set(ESTIMATORS) == {"rloo", "grpo", "reinforce", "ppo", "prime-value"}
-    assert ESTIMATORS["rloo"] is rloo_advantages and ESTIMATORS["ppo"] is ppo_advantages
+    assert ESTIMATORS["rloo"].fn is rloo_advantages and ESTIMATORS["ppo"].fn is ppo_advantages
+    # What the trainer reads off an entry instead of branching on names.
+    assert [n for n, e in ESTIMATORS.items() if e.critic] == ["ppo"]
+    assert {n for n, e in ESTIMATORS.items() if e.min_samples == 2} == {"rloo", "grpo"}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -627,9 +630,9 @@ def test_estimator_errors():
             variant="eq6",
         )
     with pytest.raises(ValueError, match="baseline"):
-        ESTIMATORS["reinforce"](outcome_rewards=o, response_mask=m, baseline="ema")
+        ESTIMATORS["reinforce"].fn(outcome_rewards=o, response_mask=m, baseline="ema")
     with pytest.raises(ValueError, match="transform"):
-        ESTIMATORS["prime-value"](
+        ESTIMATORS["prime-value"].fn(
             outcome_rewards=o,
             response_mask=m,
             token_rewards=torch.zeros(2, 3),
