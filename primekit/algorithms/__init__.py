@@ -27,7 +27,19 @@ from primekit.algorithms.advantages import (
     rloo_advantages,
     rloo_outcome_advantages,
 )
-from primekit.algorithms.filtering import filter_groups
+from primekit.algorithms.credit import (
+    CREDIT_ASSIGNMENTS,
+    assign_credit,
+    min_form_returns,
+    min_form_rewards,
+    min_form_weights,
+    sum_form_rewards,
+)
+from primekit.algorithms.filtering import (
+    consistency_drop_counts,
+    consistency_filter,
+    filter_groups,
+)
 from primekit.algorithms.groups import (
     group_counts,
     group_mean,
@@ -40,6 +52,7 @@ from primekit.algorithms.hacking import (
     repeated_ngram_share,
     repeated_step_share,
     reward_hacking_metrics,
+    step_reward_sums,
     words,
 )
 from primekit.algorithms.implicit_prm import (
@@ -94,12 +107,20 @@ from primekit.algorithms.segmentation import (
 )
 
 __all__ = [
+    "CREDIT_ASSIGNMENTS",
     "ESTIMATORS",
     "Estimator",
     "LOSS_AGG_MODES",
     "PROCESS_REWARD_TRANSFORMS",
     "AdvantageParts",
     "aggregate_loss",
+    "assign_credit",
+    "consistency_drop_counts",
+    "consistency_filter",
+    "min_form_returns",
+    "min_form_rewards",
+    "min_form_weights",
+    "sum_form_rewards",
     "loss_agg_count",
     "broadcast_outcome_advantages",
     "clip_delta_step_rewards",
@@ -153,6 +174,7 @@ __all__ = [
     "repeated_step_share",
     "reward_hacking_metrics",
     "rloo_advantages",
+    "step_reward_sums",
     "rloo_outcome_advantages",
     "segment_batch",
     "step_end_positions_from_mask",

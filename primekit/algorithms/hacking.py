@@ -11,6 +11,11 @@ digits/underscore, or any single other non-space character, so "7*2=14" is ["7",
 Characters would make every number a repeat; whitespace words would make a whole arithmetic step
 one word.
 
+Step gaming (PURE, arXiv 2504.15275: with a PRM alone the policy avoided the step delimiter to
+write few long steps; Gao et al.: many short steps): steps per response, mean step length, the
+delimiter rate and the share of steps the dense reward does not pay for, watched together with
+accuracy by the dashboard's step light (primekit/viz/lights.py).
+
 Metrics are detached 0-dim float64 tensors, like the other algorithms' metrics: the text
 statistics on the CPU, the dense-reward ones on token_rewards' device (no host sync); undefined
 ones are NaN, which the trainer drops.
@@ -25,13 +30,14 @@ from collections.abc import Callable
 import torch
 
 from primekit.algorithms.masked import masked_sum
-from primekit.algorithms.segmentation import steps
+from primekit.algorithms.segmentation import compile_delimiter, steps
 
 __all__ = [
     "pearson",
     "repeated_ngram_share",
     "repeated_step_share",
     "reward_hacking_metrics",
+    "step_reward_sums",
     "words",
 ]
 
@@ -104,6 +110,41 @@ def pearson(x: torch.Tensor, y: torch.Tensor,
     return torch.where(den <= 1e-12 * scale * scale, nan, sxy / den)
 
 
+def step_reward_sums(token_rewards: torch.Tensor, step_end_positions: torch.Tensor,
+                     response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each step's dense reward: the sum of the token rewards of its tokens.
+
+    Formula: R[i, k] = sum of token_rewards[i, t] over the valid tokens t with
+    pos[i, k-1] < t <= pos[i, k] (pos[i, -1] = -1); valid tokens after the last step end (EOS)
+    belong to the last step. For an explicit step PRM (each step's reward on its last token) this
+    is the step reward itself; for the implicit PRM, the step's implicit reward (PRIME Sec. 3.1).
+    Args:
+        token_rewards: [N, T]; step_end_positions: [N, S] ascending, -1 padded (segment_batch);
+        response_mask: [N, T].
+    Returns:
+        (step_rewards [N, S], step_mask [N, S] bool); rows without a step are all 0 / False.
+    """
+    n, t = token_rewards.shape
+    if response_mask.shape != (n, t) or step_end_positions.dim() != 2 or \
+            step_end_positions.shape[0] != n:
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)}, response_mask "
+                         f"{tuple(response_mask.shape)} and step_end_positions "
+                         f"{tuple(step_end_positions.shape)} must be [N, T], [N, T], [N, S]")
+    pos = step_end_positions.long().to(token_rewards.device)
+    step_mask = pos >= 0  # [N, S]
+    s = pos.shape[1]
+    ends = torch.zeros(n, t + 1, dtype=torch.long, device=pos.device)  # spare column t for -1
+    ends = ends.scatter_add(1, torch.where(step_mask, pos, t), step_mask.long())[:, :t]  # [N, T]
+    before = ends.cumsum(1) - ends  # [N, T] step ends strictly before token t = its step index
+    last = (step_mask.sum(1, keepdim=True) - 1).clamp_min(0)  # [N, 1]
+    step_of = torch.minimum(before, last)  # [N, T]
+    valid = response_mask.bool() & step_mask.any(1, keepdim=True)
+    r = torch.where(valid, token_rewards, torch.zeros_like(token_rewards))
+    out = torch.zeros(n, max(s, 1), dtype=token_rewards.dtype, device=token_rewards.device)
+    out = out.scatter_add(1, step_of.clamp_max(max(s, 1) - 1), r)[:, :s]  # [N, S]
+    return torch.where(step_mask, out, torch.zeros_like(out)), step_mask
+
+
 def reward_hacking_metrics(
     responses: list[str],
     *,
@@ -113,10 +154,15 @@ def reward_hacking_metrics(
     response_mask: torch.Tensor,
     ngram: int = 4,
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    step_end_positions: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-batch reward-hacking diagnostics, keys under "hack/" (Gao et al. Sec. 4.1, Fig. 3).
 
     hack/steps_per_response: mean number of steps (segmentation.steps with step_delimiter).
+    hack/step_len_chars: mean step length in characters, pooled (characters / steps).
+    hack/delimiter_rate: matches of step_delimiter per valid response token, pooled.
+    hack/nonpositive_step_share: share of steps whose dense reward (`step_reward_sums`) is <= 0,
+        pooled; a key only with step_end_positions, NaN without token_rewards.
     hack/repeated_step_share: repeated steps / all steps, pooled over the batch.
     hack/repeated_ngram_share: repeated word n-grams / all n-grams (n = `ngram`), pooled.
     hack/response_len_chars: mean response length in characters.
@@ -133,6 +179,8 @@ def reward_hacking_metrics(
         response_mask: [N, T].
         ngram: n of the repeated n-gram share.
         all_reduce: sums a tensor over ranks (every rank must call this together); None: alone.
+        step_end_positions: [N, S] step-end token positions (segmentation.segment_batch with the
+            same delimiter), for hack/nonpositive_step_share; None: that key is left out.
     Returns:
         {name: detached 0-dim float64 tensor}; NaN where undefined (e.g. an empty batch).
     """
@@ -149,17 +197,21 @@ def reward_hacking_metrics(
         )
     step_lists = [steps(r, step_delimiter) for r in responses]
     grams = [repeated_ngram_share(r, ngram) for r in responses]
+    pattern = compile_delimiter(step_delimiter)
+    delimiters = sum(sum(1 for _ in pattern.finditer(r)) for r in responses)
     mask = response_mask.bool()
-    sums = torch.tensor([  # [7] pooled counts, float64 on the CPU
+    sums = torch.tensor([  # [8] pooled counts, float64 on the CPU
         float(n), float(sum(repeated_step_share(s)[0] for s in step_lists)),
         float(sum(len(s) for s in step_lists)), float(sum(g[0] for g in grams)),
         float(sum(g[1] for g in grams)), float(sum(len(r) for r in responses)),
-        float(mask.sum())], dtype=torch.float64)
+        float(mask.sum()), float(delimiters)], dtype=torch.float64)
     if all_reduce is not None:
         sums = all_reduce(sums)
-    n_all, rep_steps, n_steps, rep_grams, n_grams, chars, tokens = sums.tolist()
+    n_all, rep_steps, n_steps, rep_grams, n_grams, chars, tokens, delims = sums.tolist()
     text = {
         "hack/steps_per_response": n_steps / n_all if n_all else math.nan,
+        "hack/step_len_chars": chars / n_steps if n_steps else math.nan,
+        "hack/delimiter_rate": delims / tokens if tokens else math.nan,
         "hack/repeated_step_share": rep_steps / n_steps if n_steps else 0.0,
         "hack/repeated_ngram_share": rep_grams / n_grams if n_grams else 0.0,
         "hack/response_len_chars": chars / n_all if n_all else math.nan,
@@ -168,6 +220,16 @@ def reward_hacking_metrics(
     out = {k: torch.tensor(v, dtype=torch.float64) for k, v in text.items()}
     nan = torch.full((), math.nan, dtype=torch.float64, device=mask.device)
     out["hack/dense_return_mean"] = out["hack/dense_success_corr"] = nan
+    if step_end_positions is not None:
+        out["hack/nonpositive_step_share"] = nan
+    if token_rewards is not None and step_end_positions is not None:
+        step_r, step_m = step_reward_sums(token_rewards.detach().double(), step_end_positions,
+                                          mask.to(token_rewards.device))
+        counts = torch.stack([((step_r <= 0) & step_m).sum(), step_m.sum()]).double()  # [2]
+        if all_reduce is not None:
+            counts = all_reduce(counts)
+        out["hack/nonpositive_step_share"] = torch.where(
+            counts[1] > 0, counts[0] / counts[1].clamp_min(1), nan)
     if token_rewards is not None and n_all:
         dense_return = masked_sum(token_rewards.detach().double(), mask, dim=1)  # [N]
         total = dense_return.sum()

@@ -97,6 +97,8 @@ def test_outcome_only_has_nan_dense_metrics():
         "hack/response_len_tokens",
         "hack/dense_return_mean",
         "hack/dense_success_corr",
+        "hack/step_len_chars",
+        "hack/delimiter_rate",
     }
     with pytest.raises(ValueError, match="outcome_rewards"):
         reward_hacking_metrics(
