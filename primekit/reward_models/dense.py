@@ -23,6 +23,7 @@ import time
 import torch
 
 from primekit import distributed as dist
+from primekit.algorithms.credit import assign_credit
 from primekit.algorithms.masked import masked_mean_std
 from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place_step_rewards
 from primekit.models.parallel import Placement, prepare_model
@@ -113,6 +114,11 @@ class ExplicitRewarder:
         self.mode, self.tokenizer, self.device = mode, tokenizer, torch.device(device)
         self.transform, self.eta, self.length_penalty = e.transform, e.eta, e.length_penalty
         self.delimiter = e.step_delimiter
+        # algorithm.credit over the steps, after the transform (Clip / Delta first, then min-form)
+        self.credit, self.credit_temperature = cfg.algorithm.credit, cfg.algorithm.credit_temperature
+        if self.credit != "sum" and mode == "orm":
+            raise ValueError(f"algorithm.credit: {self.credit!r} applies to a step-level PRM, "
+                             "not to an ORM")
         self.micro_batch_size = cfg.policy.micro_batch_size
         # A frozen model like the reference: stored in the compute dtype and, under torchrun,
         # FSDP2-sharded (placement from primekit.factory); None: whole, in float32.
@@ -143,6 +149,10 @@ class ExplicitRewarder:
         step_rewards = transform_step_rewards(
             probs, step_mask, self.transform, eta=self.eta, length_penalty=self.length_penalty
         )  # [N, S]
+        credit_metrics = {}
+        if self.credit != "sum":
+            step_rewards, credit_metrics = assign_credit(
+                step_rewards, step_mask, self.credit, self.credit_temperature, dist.all_reduce_sum)
         rewards = place_step_rewards(step_rewards, positions, mask.shape[1])  # [N, T]
         valid = step_mask.bool()
         # min over a row's steps: the PRM's verdict on its weakest step
@@ -159,6 +169,7 @@ class ExplicitRewarder:
             metrics["explicit/prm_prob_mean"] = prob_sum / n_steps
             metrics["explicit/prm_prob_min_mean"] = weakest_sum / rows_with_steps
             metrics["explicit/step_reward_mean"] = reward_sum / n_steps
+        metrics.update({k: float(v) for k, v in credit_metrics.items()})
         return rewards, metrics
 
     # The trainer's TokenRewarder seam (primekit.trainer.experience): a frozen model, so no

@@ -14,7 +14,7 @@ from math import ceil
 import torch
 
 from primekit import distributed as dist
-from primekit.algorithms import filter_groups
+from primekit.algorithms import consistency_filter, filter_groups, masked_sum
 from primekit.config import FilterConfig
 from primekit.data.problem import Problem
 from primekit.rollout.base import RolloutBatch, concat_batches
@@ -86,6 +86,21 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
         metrics.update({f"reward/outcome_mean/{task}": mean for task, mean in
                         _global_mean_by_task(exp.problems, exp.outcome_rewards).items()})
     return exp, metrics
+
+
+def consistency_select(exp: Experience, drop: int) -> tuple[Experience, dict[str, torch.Tensor]]:
+    """PRM-verifier consistency filter (PROF; filter.consistency_drop, algorithms/filtering.py):
+    the batch without the `drop` least consistent samples of every group, and its metrics.
+
+    A response's process score is its dense return, sum_t token_rewards (for the implicit PRM
+    under credit=sum its own logit of success, Eq. 4; under credit=min about its weakest unit).
+    Groups stay contiguous and equal in size (K - drop rows each)."""
+    if exp.token_rewards is None:
+        raise ValueError("filter.consistency_drop needs a dense reward (token_rewards)")
+    scores = masked_sum(exp.token_rewards.detach().double(), exp.response_mask.to(
+        exp.token_rewards.device), dim=1).cpu()  # [N]
+    keep, metrics = consistency_filter(exp.outcome_rewards, scores, exp.group_ids, drop)
+    return exp.select(keep.nonzero().flatten()), metrics
 
 
 def _global_collect_metrics(scores: torch.Tensor, verdicts: list[Verdict], groups_kept: int,

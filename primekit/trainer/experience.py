@@ -7,7 +7,7 @@ splits across mini-batches that keep whole groups, and `group_ids` is simply ara
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
@@ -17,6 +17,7 @@ from primekit.algorithms import (
     logprob_mismatch,
     masked_mean,
     reward_hacking_metrics,
+    segment_batch,
     truncated_importance_weights,
 )
 from primekit.config import PolicyConfig
@@ -47,6 +48,21 @@ class Experience:
 
     def __len__(self) -> int:
         return len(self.problems)
+
+    def select(self, rows: torch.Tensor) -> Experience:
+        """The rows at `rows` (1-D long row numbers, in order), every per-row field with them."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, RolloutBatch):
+                value = value.select(rows)
+            elif isinstance(value, list):
+                value = [value[i] for i in rows.tolist()]
+            elif isinstance(value, torch.Tensor):
+                value = value[rows.to(value.device)]
+            picked[f.name] = value
+        return Experience(**picked)
 
 
 class TokenRewarder(Protocol):
@@ -119,19 +135,25 @@ class PromptSampler:
         self._order = self._permutation()
 
 
-def batch_metrics(exp: Experience, step_delimiter: str) -> dict[str, torch.Tensor | float]:
+def batch_metrics(exp: Experience, step_delimiter: str,
+                  tokenizer=None) -> dict[str, torch.Tensor | float]:
     """Response lengths and the reward-hacking diagnostics of a step's batch: under torchrun,
-    of the whole batch over all ranks (a collective)."""
+    of the whole batch over all ranks (a collective). With a tokenizer and a dense reward, the
+    steps' token positions too, for hack/nonpositive_step_share."""
     lengths = exp.batch.response_mask.sum(1).double()  # [N]
     n, total, truncated = dist.all_reduce_sum(torch.stack([  # over ranks
         lengths.new_tensor(float(len(lengths))), lengths.sum(),
         (~exp.batch.finished).double().sum()]))
     metrics = {"response/len_mean": total / n, "response/truncated_rate": truncated / n,
                "response/len_max": dist.all_reduce_max(lengths.max())}
+    positions = None
+    if tokenizer is not None and exp.token_rewards is not None:
+        positions, _ = segment_batch(tokenizer, exp.batch.response_ids, exp.batch.response_mask,
+                                     step_delimiter)  # [N, S]
     hack = reward_hacking_metrics(
         exp.batch.responses, step_delimiter=step_delimiter, outcome_rewards=exp.outcome_rewards,
         token_rewards=exp.token_rewards, response_mask=exp.response_mask,
-        all_reduce=dist.all_reduce_sum)
+        all_reduce=dist.all_reduce_sum, step_end_positions=positions)
     # An undefined correlation (constant rewards) is left out, as other undefined metrics are.
     metrics.update({k: v for k, v in hack.items() if math.isfinite(v)})
     return metrics

@@ -24,7 +24,7 @@ from pathlib import Path
 from primekit.config import VizConfig
 from primekit.logging import SAMPLES
 from primekit.viz.heatmap import auto_scale, response_html
-from primekit.viz.lights import gap_light, prm_light, thresholds
+from primekit.viz.lights import gap_light, prm_light, steps_light, thresholds
 from primekit.viz.server import Routes, page
 
 METRICS = "metrics.jsonl"
@@ -152,7 +152,14 @@ class RunFollower:
     def lights(self, viz: VizConfig) -> dict:
         prm = [r["derived/prm_acc"] for r in self.rows if "derived/prm_acc" in r]
         gap = [r["derived/gap"] for r in self.rows if "derived/gap" in r]
-        return {"prm": prm_light(prm, viz), "gap": gap_light(gap, viz)}
+        # The step light: steps per response against the verifier's accuracy on every sample
+        # (before the online filter, which would bias it towards the kept accuracies).
+        steps = [r["hack/steps_per_response"] for r in self.rows if "hack/steps_per_response" in r
+                 and "reward/outcome_mean_sampled" in r]
+        acc = [r["reward/outcome_mean_sampled"] for r in self.rows
+               if "hack/steps_per_response" in r and "reward/outcome_mean_sampled" in r]
+        return {"prm": prm_light(prm, viz), "gap": gap_light(gap, viz),
+                "steps": steps_light([_num(v) for v in steps], [_num(v) for v in acc], viz)}
 
     def samples_html(self) -> list[str]:
         rows = [{"prompt": s["prompt"], "tokens": s["tokens"],

@@ -1,4 +1,4 @@
-"""The two lights, from any series of PRM accuracies and reward-minus-accuracy gaps.
+"""The lights, from any series of PRM accuracies, reward-minus-accuracy gaps, steps per response.
 
 PRM-accuracy light: the mean PRM accuracy over the last `window` values; green "PRM accurate" at
 or above `prm_ok`, amber "PRM drifting" at or above `prm_warn`, red "PRM wrong" below.
@@ -6,6 +6,13 @@ Gap light: the mean of (reported reward - verifier accuracy) over the same windo
 tracks truth" while |gap| is below `gap_warn`, amber "Gap opening" below `gap_bad`, red "Reward
 hacking" from `gap_bad`. Only a reward *above* the truth counts as hacking; a reward at least
 `gap_warn` *below* it is amber "Reward under-reports truth" (not hacked, but not tracking either).
+Step light (step gaming: PURE, arXiv 2504.15275, saw the step delimiter avoided to make few long
+steps; Gao et al. many short ones): the relative change of the mean number of steps per response
+from the first `window` values to the last `window`, d = (s_last - s_first) / s_first, beside the
+change of verifier accuracy over the same span, a = acc_last - acc_first. While accuracy rises by
+at least `steps_acc_rise` the light is green ("Steps follow accuracy": the policy is learning);
+otherwise amber "Step count drifting" from |d| >= `steps_warn`, red "Step gaming" from |d| >=
+`steps_bad`, else green "Step count steady". Grey until there are 2 x window values of each.
 The thresholds are `VizConfig`'s (primekit/config.py).
 """
 
@@ -50,6 +57,33 @@ def gap_light(gaps: Sequence[float], cfg: VizConfig) -> dict:
     return {"color": color, "label": label, "value": value}
 
 
+def _first_last(values: Sequence[float], window: int) -> tuple[float, float] | None:
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    if len(xs) < 2 * window:
+        return None
+    return sum(xs[:window]) / window, sum(xs[-window:]) / window
+
+
+def steps_light(steps_per_response: Sequence[float], accuracies: Sequence[float],
+                cfg: VizConfig) -> dict:
+    """The step light (module docstring); value: the relative change d of steps per response."""
+    steps, acc = _first_last(steps_per_response, cfg.window), _first_last(accuracies, cfg.window)
+    if steps is None or acc is None:
+        return {"color": "grey", "label": "Not enough steps yet", "value": None}
+    drift = (steps[1] - steps[0]) / max(abs(steps[0]), 1e-9)
+    rise = acc[1] - acc[0]
+    if rise >= cfg.steps_acc_rise:
+        color, label = "green", "Steps follow accuracy"
+    elif abs(drift) >= cfg.steps_bad:
+        color, label = "red", "Step gaming"
+    elif abs(drift) >= cfg.steps_warn:
+        color, label = "amber", "Step count drifting"
+    else:
+        color, label = "green", "Step count steady"
+    return {"color": color, "label": label, "value": drift, "acc_rise": rise}
+
+
 def thresholds(cfg: VizConfig) -> dict:
     return {"window": cfg.window, "prm_ok": cfg.prm_ok, "prm_warn": cfg.prm_warn,
-            "gap_warn": cfg.gap_warn, "gap_bad": cfg.gap_bad}
+            "gap_warn": cfg.gap_warn, "gap_bad": cfg.gap_bad, "steps_warn": cfg.steps_warn,
+            "steps_bad": cfg.steps_bad, "steps_acc_rise": cfg.steps_acc_rise}
