@@ -61,7 +61,7 @@ def test_build_verifier_mixed_builds_each_task_with_the_config_limits():
 
 
 def test_unknown_task_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math', 'mixed'\]"):
+    with pytest.raises(ValueError, match=r"'poetry'.*\['arithmetic', 'code', 'math', 'mixed', 'rgym'\]"):
         build_verifier("poetry")
 
 
