@@ -27,6 +27,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from primekit.data.code_tests import normalize_tests
 from primekit.data.problem import Problem
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -140,6 +141,10 @@ def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> 
                 f"{where}: field 'tests' must be a non-empty list of strings or a dict, "
                 f"got {_type_name(tests)}"
             )
+        try:  # a form the verifier can run, every test valid Python (data/code_tests.py)
+            normalize_tests(tests)
+        except ValueError as e:
+            raise DatasetError(f"{where}: field 'tests': {e}") from None
     for name in ("solution", "task"):
         if row.get(name) is not None and not isinstance(row[name], str):
             raise DatasetError(

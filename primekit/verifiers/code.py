@@ -1,11 +1,13 @@
 """Code answers: take the last fenced Python block, run it against the problem's tests, sandboxed.
 
 Score = fraction of tests passed (soft labels for the PRM, as in the PRIME reference code).
-Test formats (`Problem.tests`): a list of assert-statement strings (each one test); a dict
-{"inputs": [...], "outputs": [...]} of stdin/stdout cases (each pair one test); the same dict with
-"fn_name": "f" of function calls (inputs[i] is the argument list of call i, outputs[i] its
-expected return value; APPS/TACO call-based style); or a dict
+Test formats (`Problem.tests`, primekit/data/code_tests.py): a list of assert-statement strings
+(each one test); a dict {"inputs": [...], "outputs": [...]} of stdin/stdout cases (each pair one
+test); the same dict with "fn_name": "f" of function calls (inputs[i] is the argument list of
+call i, outputs[i] its expected return value; APPS/TACO call-based style); or a dict
 {"check": "<source defining check(candidate)>", "entry_point": "f"} (HumanEval; one test).
+Malformed tests (no known format, or a test that is not valid Python) grade `error`: the data's
+fault, not the model's.
 For the stdin/stdout and function-call forms the expected outputs stay in this process: the
 sandbox only returns what the program produced (`outputs.judge` compares it here).
 """
@@ -14,12 +16,15 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Literal
 
 from primekit.config import VerifierConfig
+from primekit.data.code_tests import normalize_tests
 from primekit.data.problem import Problem
 from primekit.verifiers.base import Verdict
-from primekit.verifiers.sandbox import Mode, SandboxLimits, SandboxResult, run_program
+from primekit.verifiers.sandbox import SandboxLimits, SandboxResult, run_program
+
+__all__ = ["CodeVerifier", "extract_code", "normalize_tests", "to_verdict"]
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
@@ -35,47 +40,6 @@ def extract_code(response: str) -> str | None:
     """
     blocks = [m.group(2) for m in _FENCE.finditer(response) if m.group(1).lower() in _PYTHON_TAGS]
     return blocks[-1] if blocks else None
-
-
-def _as_text(x: Any) -> str:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, list) and all(isinstance(s, str) for s in x):
-        return "\n".join(x)
-    raise ValueError(
-        f"stdin/stdout cases must be strings or lists of strings, got {type(x).__name__}"
-    )
-
-
-def normalize_tests(tests: Any) -> tuple[Mode, list[Any]]:
-    """Turn any supported `Problem.tests` value into (mode, list of tests) for the sandbox.
-
-    Raises:
-        ValueError naming the problem with the format when it is not one of the three formats.
-    """
-    if isinstance(tests, str):
-        return "assert", [tests]
-    if isinstance(tests, (list, tuple)) and all(isinstance(t, str) for t in tests):
-        return "assert", list(tests)
-    if isinstance(tests, dict) and "check" in tests:
-        if not isinstance(tests.get("entry_point"), str) or not isinstance(tests["check"], str):
-            raise ValueError("check-style tests need str 'check' and str 'entry_point'")
-        return "check", [{"check": tests["check"], "entry_point": tests["entry_point"]}]
-    if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
-        inputs, outputs = tests["inputs"], tests["outputs"]
-        if not isinstance(inputs, list) or not isinstance(outputs, list):
-            raise ValueError("'inputs' and 'outputs' must be lists")
-        if len(inputs) != len(outputs):
-            raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs")
-        fn_name = tests.get("fn_name")
-        if fn_name is None:
-            return "io", [[_as_text(i), _as_text(o)] for i, o in zip(inputs, outputs)]
-        if not isinstance(fn_name, str) or not fn_name.isidentifier():
-            raise ValueError(f"'fn_name' must be a Python identifier, got {fn_name!r}")
-        if not all(isinstance(args, list) for args in inputs):
-            raise ValueError("function-call 'inputs' must be lists of arguments")
-        return "call", [{"fn_name": fn_name, "args": a, "output": o} for a, o in zip(inputs, outputs)]
-    raise ValueError(f"unsupported tests format: {type(tests).__name__} {str(tests)[:80]!r}")
 
 
 def to_verdict(result: SandboxResult) -> Verdict:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from primekit.data.code_tests import Mode
 from primekit.verifiers.outputs import judge
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ UNSHARE_FLAGS = ["--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--
 # The host's hard kill comes this long after the runner's own budget (interpreter start-up).
 GRACE_S = 0.75
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-Mode = Literal["assert", "io", "call", "check"]
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ def test_normalize_tests_formats():
     assert normalize_tests({**io, "fn_name": None})[0] == "io"
     for bad in [None, 3, {"inputs": ["1"], "outputs": []}, {"check": "x"}, [1, 2],
                 {"fn_name": "f", "inputs": [1], "outputs": [1]},
-                {"fn_name": "os.system", "inputs": [[1]], "outputs": [1]}]:
+                {"fn_name": "os.system", "inputs": [[1]], "outputs": [1]},
+                [], ["assert f(1) == 2", "assert f(2 =="], {"inputs": [], "outputs": []},
+                {"check": "def check(c) pass", "entry_point": "f"}]:
         with pytest.raises(ValueError):
             normalize_tests(bad)
 
@@ -142,6 +144,23 @@ def test_syntax_error_is_a_program_error(verifier):
         _fence("def add(a, b)\n    return a + b\n"), _problem(["assert add(1, 2) == 3"])
     )
     assert (v.status, v.score) == ("error", 0.0) and "SyntaxError" in v.reason
+
+
+def test_a_test_with_a_syntax_error_is_the_datas_error_not_the_models(verifier):
+    # A correct solution, one good test and one that does not compile: before the tests were
+    # checked, the runner's SyntaxError in test 2 counted as a failed test and the model was
+    # graded incorrect with score 0.5.
+    v = verifier.verify(_fence(ADD), _problem(["assert add(1, 2) == 3", "assert add(2, 2) =="]))
+    assert (v.status, v.score) == ("error", 0.0), v
+    assert "bad tests for problem 'p'" in v.reason and "test 2 is not valid Python" in v.reason
+    check = {"check": "def check(candidate)\n    assert candidate(1, 2) == 3\n",
+             "entry_point": "add"}
+    v = verifier.verify(_fence(ADD), _problem(check))
+    assert v.status == "error" and "'check' is not valid Python" in v.reason
+    v = verifier.verify(_fence(ADD), _problem({"inputs": [], "outputs": []}))
+    assert v.status == "error" and "there are no tests" in v.reason
+    # The same solution against well-formed tests is correct: only the tests changed.
+    assert verifier.verify(_fence(ADD), _problem(["assert add(1, 2) == 3"])).status == "correct"
 
 
 def test_stdlib_imports_work_inside_the_jail(verifier):
