@@ -14,6 +14,8 @@ Correct(q, s) times algorithm.outcome_coef (paper: 5).
   (0, 1]: steps the PRM rates above eta get 0, the others a penalty of r_process - eta. With eta
   <= 0 Clip would zero every reward (probabilities are >= 0), so clip and clip-delta require
   0 < eta <= 1. PR-Normed standardises over the steps of the whole batch.
+  algorithm.credit=min then reweights the transformed step rewards by PURE's softmin
+  (algorithms/credit.py, docs/algorithms.md section 7) before they are placed.
 """
 
 from __future__ import annotations

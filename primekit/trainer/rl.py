@@ -8,6 +8,8 @@ bottom as a sequence of synchronous phases, each with explicit inputs and output
   reward      the token rewarder: the implicit PRM's online update and its token rewards
               (Eq. 3; under single forward from the update's own forward), or an explicit RM
   values      critic values (an estimator with a critic: "ppo")
+  consistency with filter.consistency_drop (PROF): drop the samples of each group on which the
+              dense reward and the verifier disagree most (collect.consistency_select)
   advantages  the estimator (Eq. 5 for RLOO), coefficients, KL, whitening
   update      critic, then policy (PPO clip, Eq. 6) in mini-batches
   sync        the new policy weights into the rollout engine
