@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="online RL: PRIME or an outcome-only baseline")
     _add_common(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--resume-anyway", action="store_true",
+                   help="--resume even though the model or data files changed since the checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="empty train.run_dir first if it holds an earlier run")
     p = sub.add_parser("eval", help="greedy pass@1, avg@k and pass@k on held-out problems")
@@ -199,9 +201,10 @@ def _run_distributed_command(args, cfg) -> None:
         from primekit.factory import build_rl_trainer
         from primekit.trainer import rundir, signals
 
-        with rundir.owned(cfg, resume=args.resume, overwrite=args.overwrite), \
-                signals.graceful_stop():
-            trainer = build_rl_trainer(cfg, resume=args.resume)
+        resume = args.resume or args.resume_anyway
+        with rundir.owned(cfg, resume=resume, overwrite=args.overwrite,
+                          resume_anyway=args.resume_anyway), signals.graceful_stop():
+            trainer = build_rl_trainer(cfg, resume=resume)
             if args.overwrite:  # only now: config, data and models are validated and loaded
                 rundir.empty_for_overwrite(cfg)
             trainer.train()
@@ -220,14 +223,20 @@ if __name__ == "__main__":
 
 def _export(args) -> None:
     from primekit.trainer import checkpoint as ckpt
+    from primekit.trainer.rundir import write_errors
 
     run_dir = Path(args.run_dir)
-    path = (ckpt.latest_checkpoint(run_dir) if args.step is None
+    # The newest intact checkpoint (a damaged newer one is skipped with a warning); an asked-for
+    # step is verified by export_checkpoint.
+    path = (ckpt.intact_checkpoint(run_dir) if args.step is None
             else ckpt.checkpoint_dir(run_dir, args.step))
     if path is None or not path.is_dir():
         which = "no complete checkpoint" if args.step is None else f"no checkpoint of step {args.step}"
         raise FileNotFoundError(f"{which} under {run_dir / ckpt.CHECKPOINTS}")
     out = Path(args.out) if args.out else run_dir / "export" / path.name
     names = tuple(args.models) if args.models else None
-    for name, where in ckpt.export_checkpoint(path, out, names).items():
+    # A read-only or full --out: one line (the export is atomic: --out is as it was).
+    with write_errors(out.parent, what=f"--out {out}", intact=f"{out} is as it was"):
+        exported = ckpt.export_checkpoint(path, out, names)
+    for name, where in exported.items():
         print(f"{name}: {where}")

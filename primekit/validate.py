@@ -255,3 +255,36 @@ def check_output_inputs(command: str, cfg: Config) -> None:
         check_model_dir(cfg.step_prm.completer, "step_prm.completer")
     for field, path in models.items():
         check_model_dir(path, field, tokenizer=True)
+
+
+def check_eval_model(path: str, field: str = "--model") -> None:
+    """`primekit eval --model`: a local model directory (config, weights, tokenizer), not a
+    training run or checkpoint (sharded DCP weights: export them first); a name that is no
+    local path must be a hub id that is cached, or that the hub confirms in one request
+    (instead of transformers' minute of retries on a typo)."""
+    root = Path(path).expanduser()
+    if root.is_dir() and ((root / "checkpoints").is_dir() or (root / "trainer_state.json").is_file()
+                          or (root / "weights" / ".metadata").is_file()):
+        raise ConfigError(f"{field}: {path!r} is a training run or checkpoint (sharded weights), "
+                          f"not a model directory; export it first (primekit export RUN_DIR), "
+                          f"or evaluate RUN_DIR/final/policy of a finished run")
+    if root.exists():
+        check_model_dir(path, field, tokenizer=True)
+        return
+    check_model_path(path, field)
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        raise ConfigError(f"{field}: model directory {path!r} does not exist")
+    import huggingface_hub
+    from huggingface_hub.utils import RepositoryNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(path, "config.json"), str):
+        return  # a cached hub model
+    try:
+        huggingface_hub.model_info(path, timeout=10)
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{field}: {path!r} is no local directory, and the Hugging Face hub "
+                          f"has no model of that id") from None
+    except Exception as e:  # noqa: BLE001 (offline, no network, gated: one line either way)
+        raise ConfigError(f"{field}: {path!r} is no local directory and no cached hub model, and "
+                          f"the hub cannot confirm it ({type(e).__name__}); check the path, or "
+                          f"download the model first") from None

@@ -328,6 +328,7 @@ def _write(
         _save_hf_files(model, tokenizer, tmp / HF / name)
         _fault_point(name, final)
     torch.save({"world_size": len(rng_states), "ranks": rng_states}, tmp / "rng.pt")
+    _write_checksums(tmp)  # every file so far (all ranks' shards are written)
     # Written last: a directory with trainer_state.json is a complete checkpoint.
     (tmp / "trainer_state.json").write_text(state_json + "\n")
     _fsync_tree(tmp)
@@ -371,6 +372,122 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(done, key=_step_of) if done else None
 
 
+# --- integrity: a checksum per file, verified on load and export --------------------------------
+
+CHECKSUMS = "checksums.json"  # {relative path: {"size": bytes, "sha256": hex}} of every file
+FINAL_EVAL = "final_eval.json"  # the run's final evaluation, added after the checkpoint
+
+
+class CheckpointDamaged(ValueError):
+    """A checkpoint whose files do not match their recorded checksums; one line naming them."""
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_checksums(tmp: Path) -> None:
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    table = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in files}
+    (tmp / CHECKSUMS).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+
+_VERIFIED: dict[Path, float] = {}  # checkpoints verified by this process (mtime of CHECKSUMS)
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with checkpoint `path` ("rng.pt: 812 bytes, 1563 recorded"), or None if
+    every file matches its recorded size and SHA-256 (and trainer_state.json parses). A
+    checkpoint written before checksums existed is not verified (None)."""
+    path = Path(path)
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"trainer_state.json is unreadable ({str(e).splitlines()[0][:80]})"
+    table_file = path / CHECKSUMS
+    if not table_file.is_file():
+        return None
+    try:
+        stamp = table_file.stat().st_mtime
+        if _VERIFIED.get(path) == stamp:
+            return None
+        table = json.loads(table_file.read_text())
+    except (OSError, ValueError) as e:
+        return f"{CHECKSUMS} is unreadable ({str(e).splitlines()[0][:80]})"
+    bad = []
+    for rel, want in sorted(table.items()):
+        file = path / rel
+        try:
+            size = file.stat().st_size
+        except OSError:
+            bad.append(f"{rel} is missing")
+            continue
+        if size != want["size"]:
+            bad.append(f"{rel}: {size} bytes, {want['size']} recorded")
+        elif _sha256(file) != want["sha256"]:
+            bad.append(f"{rel}: content differs from its recorded SHA-256")
+    if bad:
+        return "; ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    _VERIFIED[path] = stamp
+    return None
+
+
+def _verified(path: Path) -> None:
+    """Raise `CheckpointDamaged` unless checkpoint `path` is intact (checked on the main rank;
+    a collective under torchrun)."""
+    problem = damage(path) if dist.is_main() else None
+    problem = dist.broadcast_object(problem) if dist.world_size() > 1 else problem
+    if problem is not None:
+        raise CheckpointDamaged(f"checkpoint {path} is damaged: {problem}")
+
+
+def intact_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of the run whose files match their checksums, or None when
+    there is no complete checkpoint. A damaged newer one is skipped with a warning naming the
+    damage; if every complete checkpoint is damaged, `CheckpointDamaged` (one line). Not a
+    collective (call it on one rank and broadcast)."""
+    first = latest_checkpoint(run_dir)
+    if first is None:
+        return None
+    root = Path(run_dir) / CHECKPOINTS
+    rest = sorted((p for p in root.iterdir() if _complete(p) and p != first), key=_step_of,
+                  reverse=True)
+    problems = []
+    for path in [first, *rest]:
+        problem = damage(path)
+        if problem is None:
+            for where, what in problems:
+                warnings.warn(f"checkpoint {where} is damaged ({what}); using {path.name}, the "
+                              f"newest intact checkpoint", stacklevel=2)
+            return path
+        problems.append((path.name, problem))
+    raise CheckpointDamaged(f"no intact checkpoint under {root}: " + "; ".join(
+        f"{name}: {what}" for name, what in problems[:3]))
+
+
+def write_final_eval(path: Path, metrics: dict[str, float]) -> None:
+    """Record the run's final evaluation beside checkpoint `path` (atomically); not part of
+    the checksummed files."""
+    tmp = Path(path) / f"{_TMP_PREFIX}{FINAL_EVAL}"
+    tmp.write_text(json.dumps(metrics, sort_keys=True) + "\n")
+    os.replace(tmp, Path(path) / FINAL_EVAL)
+
+
+def read_final_eval(path: Path | None) -> dict[str, float] | None:
+    """The final evaluation recorded beside checkpoint `path`, or None."""
+    try:
+        return json.loads((Path(path) / FINAL_EVAL).read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
 def load_checkpoint(
     path: Path,
     *,
@@ -395,6 +512,7 @@ def load_checkpoint(
     path = Path(path)
     if not _complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
+    _verified(path)
     models = {k: v[0] if isinstance(v, tuple) else v for k, v in (models or {}).items()}
     optimizers = optimizers or {}
     generators = generators or {}
@@ -435,7 +553,11 @@ def load_checkpoint(
         for name, opt in optimizers.items():
             set_optimizer_state_dict(models[name], opt, weights[f"optim.{name}"])
 
-    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
+    try:
+        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (a damaged file: one line, not torch's traceback)
+        raise CheckpointDamaged(f"checkpoint {path}: rng.pt is unreadable: "
+                                f"{str(e).strip().splitlines()[0][:200]}") from None
     r = dist.rank()
     if r >= rng["world_size"] or dist.world_size() != rng["world_size"]:
         warnings.warn(
@@ -467,10 +589,12 @@ def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None =
     """
     import torch.distributed.checkpoint as dcp
     import transformers
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path, out_dir = Path(path), Path(out_dir)
     if not _complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
+    _verified(path)  # every file against its checksum, before anything is read
     available = sorted(p.parent.name for p in (path / HF).glob("*/config.json"))
     names = tuple(available) if names is None else names
     unknown = sorted(set(names) - set(available))
@@ -479,26 +603,55 @@ def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None =
     # The run's own model.trust_remote_code reads its configs and tokenizers (hf.py).
     saved = json.loads((path / "trainer_state.json").read_text()).get("config") or {}
     trust = bool(saved.get("model", {}).get("trust_remote_code", False))
+    if out_dir.exists():  # replaced whole: only an earlier export of these models
+        other = sorted(p.name for p in out_dir.iterdir() if p.name not in names)
+        if other or not out_dir.is_dir():
+            raise ValueError(f"export: {str(out_dir)!r} holds other files "
+                             f"({', '.join(other[:4])}); give an empty or new --out")
+    # Atomic: every model is written into a temp directory beside out_dir, renamed into place at
+    # the end; a crash, a signal or a full disk leaves out_dir as it was (or absent).
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}{_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
     exported = {}
-    for name in names:
-        src = path / HF / name
-        config = hf.load_model_config(src, trust_remote_code=trust)
-        arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = getattr(transformers, arch or "", None)
-        if cls is None:
-            raise ValueError(f"{src}/config.json names no transformers architecture ({arch!r})")
-        with torch.device("cpu"):
-            model = cls(config).to(dtype)
-        weights = {name: model.state_dict()}
-        with _quiet_single_process():
-            dcp.load(weights, checkpoint_id=str(path / WEIGHTS), no_dist=True)
-        model.load_state_dict(weights[name])
-        model.tie_weights()
-        dest = out_dir / name
-        model.save_pretrained(dest, safe_serialization=True)
-        if (src / "tokenizer_config.json").is_file():
-            hf.load_tokenizer(src, trust_remote_code=trust).save_pretrained(dest)
-        if (src / "generation_config.json").is_file():
-            hf.load_generation_config(src).save_pretrained(dest)
-        exported[name] = dest
+    try:
+        for name in names:
+            src = path / HF / name
+            config = hf.load_model_config(src, trust_remote_code=trust)
+            arch = (getattr(config, "architectures", None) or [None])[0]
+            cls = getattr(transformers, arch or "", None)
+            if cls is None:
+                raise ValueError(f"{src}/config.json names no transformers architecture "
+                                 f"({arch!r})")
+            with torch.device("cpu"):
+                model = cls(config).to(dtype)
+            weights = {name: model.state_dict()}
+            try:
+                with _quiet_single_process():
+                    dcp.load(weights, checkpoint_id=str(path / WEIGHTS), no_dist=True)
+            except (Exception, CheckpointException) as e:  # the latter is no Exception subclass
+                raise CheckpointDamaged(f"checkpoint {path}: the weights of {name!r} cannot be "
+                                        f"read: {str(e).strip().splitlines()[-1][:200]}") from None
+            model.load_state_dict(weights[name])
+            model.tie_weights()
+            bad = nonfinite_weights(model)
+            if bad is not None:
+                raise NonFiniteError(f"checkpoint {path}: {name} weight {bad} is not finite; "
+                                     f"not exported")
+            model.save_pretrained(tmp / name, safe_serialization=True)
+            if (src / "tokenizer_config.json").is_file():
+                hf.load_tokenizer(src, trust_remote_code=trust).save_pretrained(tmp / name)
+            if (src / "generation_config.json").is_file():
+                hf.load_generation_config(src).save_pretrained(tmp / name)
+            exported[name] = out_dir / name
+        _fsync_tree(tmp)
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}{_TMP_PREFIX}old-{uuid.uuid4().hex[:8]}"
+            os.rename(out_dir, old)
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out_dir)
+        _fsync_dir(out_dir.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return exported

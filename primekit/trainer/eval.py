@@ -96,11 +96,12 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.hf import HFRolloutEngine
     from primekit.runtime import model_dtype, resolve_device, set_threads
-    from primekit.validate import check_eval_size
+    from primekit.validate import check_eval_model, check_eval_size
     from primekit.verifiers import build_verifier
 
     set_threads(cfg.train.threads)
     check_model_path(model_path, "model")
+    check_eval_model(model_path)  # a model directory or a hub id, checked locally first
     _, heldout = load_splits(cfg)
     check_eval_size(cfg, heldout)  # before the model loads
     heldout = heldout[: cfg.eval.num_problems]

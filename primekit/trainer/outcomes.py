@@ -61,8 +61,9 @@ def one_line_failure(error: BaseException, args) -> int:
             command = error.command
         else:  # a second signal before the first checkpoint leaves nothing to resume
             command = resume_command(args) if _has_checkpoint(args) else restart_command(args)
-        print(f"primekit: {error}: the current step was abandoned and not saved; the latest "
-              f"checkpoint is unchanged; continue with: {command}", file=sys.stderr)
+        what = error.note or ("the current step was abandoned and not saved; the latest "
+                              "checkpoint is unchanged")
+        print(f"primekit: {error}: {what}; continue with: {command}", file=sys.stderr)
         return 128 + error.signum
     if isinstance(error, Interrupted):
         print(f"primekit: {args.command} {error}" + (f"; {error.note}" if error.note else ""),

@@ -46,7 +46,15 @@ from primekit.algorithms import (
 from primekit.config import Config
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts
-from primekit.logging import MetricLogger, MetricSums, Progress, append_samples, console, timed
+from primekit.logging import (
+    SAMPLES,
+    MetricLogger,
+    MetricSums,
+    Progress,
+    append_samples,
+    console,
+    timed,
+)
 from primekit.models.logprobs import batch_logprobs, batch_values, micro_batch_logprobs
 from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from primekit.rollout.batching import iter_layout, row_chunks
@@ -122,6 +130,11 @@ class RLTrainer:
         # Surplus filtered groups kept for later steps and the filter's pass rate (collect.py).
         self.carry = GroupCarry(max_age=cfg.filter.carry_steps)
         self.last_experience: Experience | None = None  # the last update's batch (samples)
+        # Sizes and SHA-256 of the model and data files the run starts from, saved with every
+        # checkpoint: `--resume` refuses them changed (rundir.check_resume).
+        from primekit.trainer.rundir import input_fingerprint
+
+        self.inputs = input_fingerprint(cfg) if dist.is_main() else {}
         # The step the loop runs: train_step, or a wrapper of it that the factory installs
         # (live control with live.enabled, trainer/live.py).
         self.run_step: Callable[[], dict[str, float]] = self.train_step
@@ -133,6 +146,10 @@ class RLTrainer:
         logger = MetricLogger(Path(cfg.run_dir), report_to=cfg.report_to,
                               resume_step=self.step if self.resumed_from else None,
                               run_config=self.cfg.to_dict())
+        if self.resumed_from and dist.is_main():  # metrics.jsonl: MetricLogger's resume_step
+            from primekit.trainer.rundir import drop_rows_after
+
+            drop_rows_after(Path(cfg.run_dir) / SAMPLES, self.step)
         if dist.is_main():  # what policy.old_logprobs (auto by default) was resolved to
             how = {"rollout": "reused from the sampler"}.get(self.cfg.policy.old_logprobs,
                                                              "recomputed by the trainer")
@@ -155,17 +172,44 @@ class RLTrainer:
                                     prm_acc=metrics.get("prm/acc_pairwise", "-"))
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
-            final = dist.reduce_metrics(self.evaluate())
-            logger.log(final, step=self.step)
-            self.history.append(final)
-            path = self.save()
-            if cfg.export_final and dist.is_main():  # one process reads the shards back
-                out = ckpt.export_checkpoint(path, Path(cfg.run_dir) / "final")
-                console.print(f"final models: {', '.join(str(p) for p in out.values())}")
-            dist.barrier()
+            self._finish(logger)
         finally:
             logger.close()
         return self.history
+
+    def _finish(self, logger: MetricLogger) -> None:
+        """After the last step: save it first (a stop or a kill from here on loses no step),
+        then the final evaluation, then the export to `final/`, with a pending SIGINT/SIGTERM
+        honoured before each phase and after the last (`signals.Stopped`, exit 130/143). A run
+        resumed at `train.steps` whose checkpoint records its final evaluation does not run it
+        again (nor log a second row)."""
+        run_dir = Path(self.cfg.train.run_dir)
+        signals.stop_if_requested(self.step, run_dir, self.save)  # saves, then raises
+        path = ckpt.latest_checkpoint(run_dir)
+        if path != ckpt.checkpoint_dir(run_dir, self.step):
+            path = self.save()
+        final = ckpt.read_final_eval(path)
+        try:
+            if final is None:
+                final = dist.reduce_metrics(self.evaluate())
+                logger.log(final, step=self.step)
+                if dist.is_main():
+                    ckpt.write_final_eval(path, final)
+            else:
+                console.print(f"the final evaluation of step {self.step} is recorded in {path}; "
+                              f"not run again")
+            self.history.append(final)
+            signals.stop_if_requested(self.step, run_dir, self.save)
+            if self.cfg.train.export_final and dist.is_main():  # one process reads the shards
+                out = export_final(path, run_dir / "final")
+                console.print(f"final models: {', '.join(str(p) for p in out.values())}")
+        except signals.Abandoned as e:  # a second signal: the checkpoint is complete
+            e.note = (f"checkpoint {path} of the last step is complete; "
+                      f"{'the final evaluation' if final is None else 'the export to final/'} "
+                      f"was abandoned (final/ not written)")
+            raise
+        dist.barrier()
+        signals.stop_if_requested(self.step, run_dir, self.save)
 
     def train_step(self) -> dict[str, float]:
         """One RL step, phase by phase; returns its metrics as floats."""
@@ -334,7 +378,8 @@ class RLTrainer:
                 self.policy_opt.zero_grad(set_to_none=True)
                 # The mini-batch's loss denominator over all ranks (tokens or sequences), so that
                 # micro-batches and ranks add up to the loss of the whole mini-batch.
-                total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], cfg.loss_agg))
+                local = loss_agg_count(exp.response_mask[mini], cfg.loss_agg)
+                total = dist.all_reduce_sum(local)
                 for mb in iter_layout(exp.batch, self.layout, rows=mini):
                     rows, t = mb.rows, mb.response_len
                     lp, ent = micro_batch_logprobs(self.policy, mb, compute_entropy=True)
@@ -355,8 +400,11 @@ class RLTrainer:
                     # x world size: sharded gradients are averaged over ranks when reduced.
                     share = loss_agg_count(m, cfg.loss_agg) * dist.world_size() / total
                     (loss * share).backward()
-                    sums.add({**lm, **em}, weight=len(rows))
-                    count += len(rows)
+                    # Metrics weighted like the loss (this rank's share of the mini-batch's
+                    # denominator, in rows), so they too are the same in any layout.
+                    weight = loss_agg_count(m, cfg.loss_agg) / local.to(m.device) * len(mini)
+                    sums.add({**lm, **em}, weight=weight)
+                    count += weight
                 # Clip, check the gradient norm and the updated weights (guards.guarded_step).
                 norm, stepped = guards.guarded_step(
                     "policy", self.policy, self.policy_opt, grad_clip=cfg.grad_clip,
@@ -394,7 +442,8 @@ class RLTrainer:
         # resumed from it trains on what this run trains on); the pass rate does.
         self.carry.clear()
         state = {"sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
-                 "history": self.history, "collect": self.carry.state_dict()}
+                 "history": self.history, "collect": self.carry.state_dict(),
+                 "inputs": self.inputs}
         return ckpt.save_checkpoint(
             Path(self.cfg.train.run_dir), self.step,
             models={k: (m, self.tokenizer) for k, (m, _) in trainable.items()},
@@ -404,7 +453,10 @@ class RLTrainer:
 
     def resume(self) -> None:
         """Continue from the run directory's latest complete checkpoint, exactly."""
-        path = ckpt.latest_checkpoint(Path(self.cfg.train.run_dir))
+        # The newest intact checkpoint (checksums verified on the main rank; a damaged newer
+        # one is skipped with a warning naming the damage).
+        run_dir = Path(self.cfg.train.run_dir)
+        path = dist.broadcast_object(ckpt.intact_checkpoint(run_dir) if dist.is_main() else None)
         if path is None:
             raise FileNotFoundError(f"--resume: no complete checkpoint under {self.cfg.train.run_dir}")
         trainable = self.trainable()
@@ -418,3 +470,15 @@ class RLTrainer:
         self.engine.sync_weights(self.policy)
         self.resumed_from = path
         console.print(f"resumed from {path} at step {self.step}")
+
+
+def export_final(path: Path, out: Path) -> dict[str, Path]:
+    """`checkpoint.export_checkpoint` of the last checkpoint to `final/` (atomic: a complete
+    `final/` or none); a failed write is one line that says what is left (`rundir.write_errors`)."""
+    from primekit.trainer.rundir import write_errors
+
+    again = f"primekit export {path.parent.parent} --step {path.name.removeprefix('step_').lstrip('0') or 0} --out {out}"
+    with write_errors(out.parent, what="final/",
+                      intact=f"{path} is complete and {out} was not written; `{again}` writes it"):
+        return ckpt.export_checkpoint(path, out)
+

@@ -42,10 +42,15 @@ from primekit.trainer.control import CONTROL
 
 LOCK = ".lock"
 
-# Fields a resumed run may change: how long it runs, how often it evaluates, saves and logs, where
-# and with how many threads or workers. Batch splitting into micro-batches may change too (a
-# resume that changes one is exact only up to float rounding). Sections that `primekit train`
-# does not read (sft, orm, step_prm, hack_check) never matter. Everything else is the experiment.
+# The config sections that define an RL experiment: `--resume` compares only these. The others
+# (sft, orm, step_prm, hack_check, sim, viz: other commands' settings; parallel: memory
+# switches) may change, and so may any section added later until it is listed here.
+EXPERIMENT = ("model", "data", "rollout", "filter", "prm", "algorithm", "explicit", "policy",
+              "critic", "verifier", "train", "eval", "live")
+
+# Fields of those sections a resumed run may change: how long it runs, how often it evaluates,
+# saves and logs, where and with how many threads or workers. Batch splitting into micro-batches
+# may change too (a resume that changes one is exact only up to float rounding).
 MAY_CHANGE = (
     "train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints",
     "train.report_to", "train.threads", "train.device", "train.run_dir", "train.on_nonfinite",
@@ -79,20 +84,30 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list
     for key in sorted(set(old) & set(new)):
         if old[key] != new[key]:
             change = f"{key} {old[key]!r} -> {new[key]!r}"
-            (allowed if key.startswith(MAY_CHANGE) else refused).append(change)
+            free = key.startswith(MAY_CHANGE) or key.split(".")[0] not in EXPERIMENT
+            (allowed if free else refused).append(change)
     return refused, allowed
 
 
-def check_resume(cfg: Config) -> Path:
+def check_resume(cfg: Config, anyway: bool = False) -> Path:
     """The checkpoint `--resume` will load; refuses a config that changes the experiment."""
     run_dir = Path(cfg.train.run_dir)
-    path = ckpt.latest_checkpoint(run_dir)
+    try:  # checksums verified; a damaged newest checkpoint falls back with a warning
+        path = ckpt.intact_checkpoint(run_dir)
+    except ckpt.CheckpointDamaged as e:
+        raise ConfigError(f"--resume: {e}") from None
     if path is None:
         raise ConfigError(f"--resume: no complete checkpoint under {str(run_dir)!r}")
     try:
-        saved = json.loads((path / "trainer_state.json").read_text()).get("config")
+        state = json.loads((path / "trainer_state.json").read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"--resume: cannot read {path / 'trainer_state.json'}: {e}") from None
+    saved = state.get("config")
+    if state.get("step", 0) > cfg.train.steps:
+        raise ConfigError(
+            f"train.steps: {cfg.train.steps}, but the checkpoint {path} is already at step "
+            f"{state['step']}; resume with train.steps >= {state['step']} (or export that "
+            f"checkpoint: primekit export {run_dir})")
     if saved is None:
         console.print(f"[yellow]resume: {path} stores no config; not compared[/]")
         return path
@@ -103,6 +118,15 @@ def check_resume(cfg: Config) -> Path:
             f"Resume with the checkpoint's values, or start a new run in another train.run_dir")
     for change in allowed:
         console.print(f"resume: {change}")
+    if "inputs" in state:  # the model and data files the run started from
+        changed = input_changes(state["inputs"], input_fingerprint(cfg), cfg)
+        if changed and not anyway:
+            raise ConfigError(
+                f"--resume: the files {path} was trained from changed since: "
+                f"{'; '.join(changed)}. Restore them, start a new run, or continue with these "
+                f"files anyway with --resume-anyway")
+        for change in changed:
+            console.print(f"[yellow]resume (--resume-anyway): {change}[/]")
     return path
 
 
@@ -252,7 +276,8 @@ def owned_output(out_dir: Path, field: str) -> Iterator[None]:
 
 
 @contextmanager
-def owned(cfg: Config, *, resume: bool, overwrite: bool) -> Iterator[Path | None]:
+def owned(cfg: Config, *, resume: bool, overwrite: bool,
+          resume_anyway: bool = False) -> Iterator[Path | None]:
     """Own `train.run_dir` for a training run (main rank only; the other ranks only train).
 
     Yields the checkpoint a resume will load (None for a fresh run)."""
@@ -263,7 +288,7 @@ def owned(cfg: Config, *, resume: bool, overwrite: bool) -> Iterator[Path | None
         return
     run_dir = Path(cfg.train.run_dir)
     with lock(run_dir, "train.run_dir"):
-        path = check_resume(cfg) if resume else None
+        path = check_resume(cfg, resume_anyway) if resume else None
         if not resume:
             check_fresh(cfg, overwrite)
         with write_errors(run_dir):
@@ -303,3 +328,82 @@ def write_errors(run_dir: Path, intact: str = "the previous checkpoint is intact
                      if any(marker in line for marker in _DISK_FULL))
         raise RunDirError(f"cannot write {what} under {run_dir}: the write failed with "
                           f"{free} bytes free on its disk ({cause[:120]}); {intact}") from None
+
+
+def drop_rows_after(path: Path, step: int) -> None:
+    """Keep only the rows of a JSONL log (`samples.jsonl`) with "step" <= `step`: a resumed run
+    continues from its checkpoint's step, so the dead timeline's later rows go (a partial last
+    line too). Atomic (temp file + rename)."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        try:
+            if line.endswith("\n") and json.loads(line).get("step", -1) <= step:
+                kept.append(line)
+        except ValueError:
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fingerprint_fields(cfg: Config) -> dict[str, str | None]:
+    """The files that define a run beyond its config: the initial policy (also the reference
+    unless model.ref is set), the reference, PRM, critic and explicit RM, and the data files."""
+    m, d = cfg.model, cfg.data
+    fields = {"model.policy": m.policy, "model.ref": m.ref, "model.prm": m.prm,
+              "model.critic": m.critic, "explicit.model_path": cfg.explicit.model_path}
+    if d.source == "file":
+        fields.update({"data.train_path": d.train_path, "data.eval_path": d.eval_path})
+    return fields
+
+
+def input_fingerprint(cfg: Config) -> dict[str, dict[str, dict[str, Any]]]:
+    """{field: {relative file: {"size", "sha256"}}} of every local file or model directory named
+    by `_fingerprint_fields` (hub ids are not local: their id is in the config). Hashing reads
+    every byte once (a 7B model's 15 GB take tens of seconds)."""
+    from primekit.trainer.checkpoint import _sha256
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for field, where in _fingerprint_fields(cfg).items():
+        if not where:
+            continue
+        root = Path(where).expanduser()
+        if root.is_file():
+            files = {root.name: root}
+        elif root.is_dir():
+            files = {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
+                     if p.is_file() and not any(part.startswith(".")
+                                                for part in p.relative_to(root).parts)}
+        else:
+            continue
+        out[field] = {rel: {"size": p.stat().st_size, "sha256": _sha256(p)}
+                      for rel, p in files.items()}
+    return out
+
+
+def input_changes(saved: dict[str, dict], current: dict[str, dict], cfg: Config) -> list[str]:
+    """What changed in the fingerprinted inputs, by field and file."""
+    where = _fingerprint_fields(cfg)
+    changes = []
+    for field, files in sorted(saved.items()):
+        now = current.get(field)
+        if now is None:
+            changes.append(f"{field} {where.get(field)!r} is gone")
+            continue
+        diffs = []
+        for rel in sorted(set(files) | set(now)):
+            old, new = files.get(rel), now.get(rel)
+            if old is None or new is None:
+                diffs.append(f"{rel} {'added' if old is None else 'removed'}")
+            elif old["size"] != new["size"]:
+                diffs.append(f"{rel} {old['size']} -> {new['size']} bytes")
+            elif old["sha256"] != new["sha256"]:
+                diffs.append(f"{rel} content changed (sha256 {old['sha256'][:10]} -> "
+                             f"{new['sha256'][:10]})")
+        if diffs:
+            more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+            changes.append(f"{field} {where.get(field)!r}: {', '.join(diffs[:3])}{more}")
+    return changes

@@ -52,6 +52,9 @@ class Abandoned(Exception):  # noqa: N818
         super().__init__(f"stopped by a second {signal.Signals(signum).name}")
         self.signum = signum
         self.command: str | None = None  # as Stopped.command
+        # What was left, where "the step was abandoned, the latest checkpoint unchanged" is
+        # not true (after the last step: its checkpoint is written, final/ is not).
+        self.note: str | None = None
 
 
 class Interrupted(BaseException):  # noqa: N818

@@ -134,8 +134,8 @@ def test_export_loads_with_plain_transformers(tmp_path):
     path = save_checkpoint(
         tmp_path, 1, models={"policy": (model, tiny_tokenizer()), "prm": (model, None)}, state={}
     )
-    assert sorted(p.name for p in path.iterdir()) == ["hf", "rng.pt", "trainer_state.json",
-                                                       "weights"]
+    assert sorted(p.name for p in path.iterdir()) == ["checksums.json", "hf", "rng.pt",
+                                                       "trainer_state.json", "weights"]
     assert sorted(p.name for p in (path / "hf").iterdir()) == ["policy", "prm"]
     out = export_checkpoint(path, tmp_path / "export")
     assert out == {"policy": tmp_path / "export" / "policy", "prm": tmp_path / "export" / "prm"}
