@@ -216,57 +216,17 @@ def hack_check(cfg: Config) -> HackCheckResult:
     hack_check.num_responses found). The PRM is cfg.explicit.model_path; eta and the length
     penalty come from cfg.explicit.
     """
-    from rich.console import Console
-
-    from primekit.data.splits import encode_prompts, load_splits, verifier_task
-    from primekit.logging import print_table
-    from primekit.models.hf import check_model_path
+    from primekit.data.splits import encode_prompts, verifier_task
     from primekit.reward_models.heads import load_reward_model
     from primekit.runtime import resolve_device
     from primekit.verifiers import build_verifier
 
     e, h = cfg.explicit, cfg.hack_check
-    num_responses, source = h.num_responses, h.source
-    delimiter = e.step_delimiter
-    separator = h.separator
-    if separator is None:
-        if delimiter.startswith("re:"):
-            raise ConfigError(
-                f"hack_check.separator: explicit.step_delimiter {delimiter!r} is a pattern; set "
-                "the text that ends an inserted step"
-            )
-        separator = delimiter
-    prm_path = e.model_path
-    if prm_path is None:
-        raise ConfigError("explicit.model_path: hack-check needs a step-level PRM "
-                          "(primekit train-prm)")
-    check_model_path(prm_path, "explicit.model_path")
-    if cfg.algorithm.reward_mode == "explicit-orm":
-        raise ConfigError("algorithm.reward_mode: hack-check scores steps with a step-level PRM, "
-                          "but reward_mode=explicit-orm makes explicit.model_path an ORM")
+    prm_path, separator = _checked_settings(cfg)
     start = time.perf_counter()
     device = resolve_device(cfg.train.device)
     verifier = build_verifier(verifier_task(cfg), cfg.verifier)
-    if source == "demos":
-        from primekit.models.hf import load_tokenizer
-
-        tokenizer = load_tokenizer(prm_path, trust_remote_code=cfg.model.trust_remote_code)
-        problems = [p for p in load_splits(cfg)[1] if p.solution][:num_responses]
-        responses = [p.solution for p in problems]
-    else:
-        from primekit.reward_models.labeling import sample_split, sampling_setup
-
-        setup = sampling_setup(cfg, cfg.model.policy, seed=h.seed, path_field="model.policy")
-        tokenizer = setup.tokenizer
-        batch, rows, outcome = sample_split(setup, "test", 4 * num_responses, 1)
-        picked = [i for i in range(len(rows)) if outcome[i] >= 1.0][:num_responses]
-        problems, responses = [rows[i] for i in picked], [batch.responses[i] for i in picked]
-        setup.release()
-    responses_ok = [len(steps(r, delimiter)) >= 2 for r in responses]
-    problems = [p for p, ok in zip(problems, responses_ok) if ok]
-    responses = [r for r, ok in zip(responses, responses_ok) if ok]
-    if not responses:
-        raise ValueError(f"hack-check: no correct responses with at least two steps ({source})")
+    tokenizer, problems, responses = _correct_responses(cfg, prm_path)
     model = load_reward_model(
         prm_path, device=device, trust_remote_code=cfg.model.trust_remote_code
     )
@@ -277,7 +237,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
         encode_prompts(tokenizer, problems, cfg),
         responses,
         verifier,
-        delimiter=delimiter,
+        delimiter=e.step_delimiter,
         separator=separator,
         eta=e.eta,
         length_penalty=e.length_penalty,
@@ -285,6 +245,73 @@ def hack_check(cfg: Config) -> HackCheckResult:
         micro_batch_size=cfg.policy.micro_batch_size,
         device=device,
     )
+    _report(cfg, result, responses, prm_path, separator, start)
+    return result
+
+
+def _checked_settings(cfg: Config) -> tuple[str, str]:
+    """The step-level PRM's path and the separator of inserted steps, or a ConfigError naming
+    the setting that cannot work (before anything is loaded)."""
+    from primekit.models.hf import check_model_path
+
+    e = cfg.explicit
+    separator = cfg.hack_check.separator
+    if separator is None:
+        if e.step_delimiter.startswith("re:"):
+            raise ConfigError(
+                f"hack_check.separator: explicit.step_delimiter {e.step_delimiter!r} is a "
+                "pattern; set the text that ends an inserted step"
+            )
+        separator = e.step_delimiter
+    if e.model_path is None:
+        raise ConfigError("explicit.model_path: hack-check needs a step-level PRM "
+                          "(primekit train-prm)")
+    check_model_path(e.model_path, "explicit.model_path")
+    if cfg.algorithm.reward_mode == "explicit-orm":
+        raise ConfigError("algorithm.reward_mode: hack-check scores steps with a step-level PRM, "
+                          "but reward_mode=explicit-orm makes explicit.model_path an ORM")
+    return e.model_path, separator
+
+
+def _correct_responses(cfg: Config, prm_path: str):
+    """(tokenizer, problems, responses): correct responses of at least two steps, from the
+    held-out demonstrations (source "demos", the PRM's tokenizer) or sampled from
+    cfg.model.policy (source "sampled", its tokenizer)."""
+    from primekit.data.splits import load_splits
+
+    h, delimiter = cfg.hack_check, cfg.explicit.step_delimiter
+    if h.source == "demos":
+        from primekit.models.hf import load_tokenizer
+
+        tokenizer = load_tokenizer(prm_path, trust_remote_code=cfg.model.trust_remote_code)
+        problems = [p for p in load_splits(cfg)[1] if p.solution][:h.num_responses]
+        responses = [p.solution for p in problems]
+    else:
+        from primekit.reward_models.labeling import sample_split, sampling_setup
+
+        setup = sampling_setup(cfg, cfg.model.policy, seed=h.seed, path_field="model.policy")
+        tokenizer = setup.tokenizer
+        batch, rows, outcome = sample_split(setup, "test", 4 * h.num_responses, 1)
+        picked = [i for i in range(len(rows)) if outcome[i] >= 1.0][:h.num_responses]
+        problems, responses = [rows[i] for i in picked], [batch.responses[i] for i in picked]
+        setup.release()
+    responses_ok = [len(steps(r, delimiter)) >= 2 for r in responses]
+    problems = [p for p, ok in zip(problems, responses_ok) if ok]
+    responses = [r for r, ok in zip(responses, responses_ok) if ok]
+    if not responses:
+        raise ValueError(f"hack-check: no correct responses with at least two steps ({h.source})")
+    return tokenizer, problems, responses
+
+
+def _report(cfg: Config, result: HackCheckResult, responses: list[str], prm_path: str,
+            separator: str, start: float) -> None:
+    """Print the two tables; write hack_check.json (with one example of each variant) and
+    hack_check.png to hack_check.out_dir."""
+    from rich.console import Console
+
+    from primekit.logging import print_table
+
+    e, h = cfg.explicit, cfg.hack_check
     out = Path(h.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wide = Console(width=160)  # the table is wider than a default 80-column pipe
@@ -304,7 +331,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
         json.dumps(
             {
                 "prm": str(prm_path),
-                "source": source,
+                "source": h.source,
                 "responses": len(responses),
                 "eta": e.eta,
                 "length_penalty": e.length_penalty,
@@ -312,7 +339,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
                 "max_gain": gains,
                 "examples": {
                     kind: make_variant(
-                        responses[0], kind, 2, delimiter=delimiter, separator=separator
+                        responses[0], kind, 2, delimiter=e.step_delimiter, separator=separator
                     )
                     for kind in VARIANTS
                 },
@@ -323,4 +350,3 @@ def hack_check(cfg: Config) -> HackCheckResult:
     )
     plot_hack_check(result, out / "hack_check.png")
     print(f"wrote {out / 'hack_check.json'} and {out / 'hack_check.png'}")
-    return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ from primekit.rollout.base import RolloutBatch
 __all__ = [
     "ORM_TARGETS",
     "binary_metrics",
+    "fit_score_save",
     "last_token_index",
     "mixed_groups",
     "orm_loss",
@@ -157,7 +159,6 @@ def train_orm(cfg: Config) -> dict[str, float | str]:
     accuracy at the last token. Writes the HF directory orm.out_dir and its train_metrics.json;
     returns the summary.
     """
-    from primekit.models.hf import save_model
     from primekit.reward_models.labeling import sample_split, sampling_setup
 
     o = cfg.orm
@@ -182,10 +183,6 @@ def train_orm(cfg: Config) -> dict[str, float | str]:
             )
         train, train_y = train.select(keep), train_y[keep]
     summary["orm/train_responses_kept"] = float(len(train))
-
-    model = init_reward_model(
-        model_path, device=setup.device, seed=o.seed, trust_remote_code=cfg.model.trust_remote_code
-    )
     mask = train.response_mask.float()
 
     def loss_fn(logits: torch.Tensor, rows: torch.Tensor, t: int):
@@ -194,31 +191,51 @@ def train_orm(cfg: Config) -> dict[str, float | str]:
             target=o.target,
         )
 
+    def evaluate(model) -> dict[str, float]:
+        probs = orm_scores(
+            model, heldout, micro_batch_size=cfg.policy.micro_batch_size, device=setup.device
+        )
+        return binary_metrics(probs, heldout_y >= 1.0, "orm/heldout")
+
+    fit_score_save(cfg, o, setup, prefix="orm", base=model_path, train=train, loss_fn=loss_fn,
+                   evaluate=evaluate, summary=summary, start=start,
+                   record={"target": o.target, "base": model_path})
+    return summary
+
+
+def fit_score_save(cfg: Config, section, setup, *, prefix: str, base: str, train: RolloutBatch,
+                   loss_fn, evaluate, summary: dict[str, float | str], start: float,
+                   record: dict) -> Path:
+    """What train-orm and train-prm share after labelling: a fresh reward model from `base`
+    (seeded by section.seed), fit on `train` with `loss_fn` and the section's optimiser settings,
+    `evaluate(model)`'s metrics added to `summary` after the last epoch's, then the model and the
+    sampling tokenizer saved to section.out_dir beside train_metrics.json
+    ({"summary", "history", **record}). `summary` is filled in place; returns the directory.
+    """
+    from primekit.models.hf import save_model
+
+    model = init_reward_model(
+        base, device=setup.device, seed=section.seed, trust_remote_code=cfg.model.trust_remote_code
+    )
     history = fit_reward_model(
         model,
         train,
         loss_fn,
-        epochs=o.epochs,
-        lr=o.lr,
-        batch_size=o.batch_size,
-        weight_decay=o.weight_decay,
-        grad_clip=o.grad_clip,
+        epochs=section.epochs,
+        lr=section.lr,
+        batch_size=section.batch_size,
+        weight_decay=section.weight_decay,
+        grad_clip=section.grad_clip,
         device=setup.device,
-        seed=o.seed,
-        prefix="orm",
-    )
-    probs = orm_scores(
-        model, heldout, micro_batch_size=cfg.policy.micro_batch_size, device=setup.device
+        seed=section.seed,
+        prefix=prefix,
     )
     summary.update({f"{k}_train_last_epoch": v for k, v in history[-1].items()})
-    summary.update(binary_metrics(probs, heldout_y >= 1.0, "orm/heldout"))
-    summary["orm/wall_s"] = time.perf_counter() - start
-    out = save_model(model, setup.tokenizer, o.out_dir)
-    summary["orm/out_dir"] = str(out)
+    summary.update(evaluate(model))
+    summary[f"{prefix}/wall_s"] = time.perf_counter() - start
+    out = save_model(model, setup.tokenizer, section.out_dir)
+    summary[f"{prefix}/out_dir"] = str(out)
     (out / "train_metrics.json").write_text(
-        json.dumps(
-            {"summary": summary, "history": history, "target": o.target, "base": model_path},
-            indent=2,
-        )
+        json.dumps({"summary": summary, "history": history, **record}, indent=2)
     )
-    return summary
+    return out

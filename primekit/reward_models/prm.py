@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from primekit.algorithms.segmentation import segment_batch, steps
 from primekit.config import Config
-from primekit.reward_models.heads import batch_response_logits, fit_reward_model, init_reward_model
-from primekit.reward_models.orm import binary_metrics
+from primekit.reward_models.heads import batch_response_logits
+from primekit.reward_models.orm import binary_metrics, fit_score_save
 from primekit.rollout.base import RolloutBatch
 
 __all__ = ["gather_steps", "prm_step_loss", "prm_step_scores", "train_prm"]
@@ -115,30 +115,76 @@ def train_prm(cfg: Config) -> dict[str, float | str]:
     classification accuracy. Writes the HF directory step_prm.out_dir plus train_metrics.json,
     labels_train.jsonl and labels_heldout.jsonl (with the PRM's probabilities).
     """
-    from primekit.models.hf import save_model
-    from primekit.reward_models.labeling import (
-        HFCompleter,
-        mc_step_labels,
-        sample_split,
-        sampling_setup,
-    )
-    from primekit.rollout.hf import HFRolloutEngine
+    from primekit.reward_models.labeling import sampling_setup
 
     sp = cfg.step_prm
     start = time.perf_counter()
     delimiter = cfg.explicit.step_delimiter
-    micro_batch_size = cfg.policy.micro_batch_size
     model_path = sp.base or cfg.model.policy
-    completer_path = sp.completer
     setup = sampling_setup(
         cfg, model_path, seed=sp.seed, path_field="step_prm.base" if sp.base else "model.policy"
     )
+    t0 = time.perf_counter()
+    (train, train_y, train_labels), (heldout, _, heldout_labels) = _label_splits(cfg, setup)
+    label_s = time.perf_counter() - t0
+    targets = train_labels.labels if sp.label == "hard" else train_labels.soft
+
+    def loss_fn(logits: torch.Tensor, rows: torch.Tensor, t: int):
+        return prm_step_loss(
+            logits,
+            train_labels.step_end_positions[rows],
+            train_labels.step_mask[rows],
+            targets[rows],
+        )
+
+    scored: list[torch.Tensor] = []  # the held-out step probabilities, for labels_heldout.jsonl
+
+    def evaluate(model) -> dict[str, float]:
+        probs, _, _ = prm_step_scores(
+            model,
+            setup.tokenizer,
+            heldout,
+            delimiter=delimiter,
+            micro_batch_size=cfg.policy.micro_batch_size,
+            device=setup.device,
+        )
+        scored.append(probs)
+        return _heldout_step_metrics(probs, heldout, heldout_labels)
+
+    summary: dict[str, float | str] = {
+        "step_prm/train_responses": float(len(train)),
+        "step_prm/train_accuracy_of_samples": float(train_y.mean()),
+        "step_prm/train_steps": float(train_labels.step_mask.sum()),
+        "step_prm/train_step_positive_rate": float(
+            train_labels.labels[train_labels.step_mask].mean()
+        ),
+        "step_prm/completions": float(train_labels.completions + heldout_labels.completions),
+        "step_prm/label_s": label_s,
+    }
+    record = {"label": sp.label, "base": model_path, "completer": sp.completer or model_path,
+              "n_completions": sp.n_completions, "step_delimiter": delimiter}
+    out = fit_score_save(cfg, sp, setup, prefix="step_prm", base=model_path, train=train,
+                         loss_fn=loss_fn, evaluate=evaluate, summary=summary, start=start,
+                         record=record)
+    _write_labels(out / "labels_train.jsonl", train, train_labels, delimiter)
+    _write_labels(out / "labels_heldout.jsonl", heldout, heldout_labels, delimiter, scored[0])
+    return summary
+
+
+def _label_splits(cfg: Config, setup):
+    """(batch, outcome rewards, step labels) of the training and the held-out split: responses
+    sampled by `setup`, steps labelled by Monte-Carlo completions (labeling.mc_step_labels) from
+    step_prm.completer (None: the sampling model). Releases the sampling engine afterwards."""
+    from primekit.reward_models.labeling import HFCompleter, mc_step_labels, sample_split
+    from primekit.rollout.hf import HFRolloutEngine
+
+    sp = cfg.step_prm
     engine = setup.engine
-    if completer_path and completer_path != model_path:
+    if sp.completer and sp.completer != (sp.base or cfg.model.policy):
         from primekit.models.hf import load_model
 
         completer_model = load_model(
-            completer_path, device=str(setup.device), trust_remote_code=cfg.model.trust_remote_code
+            sp.completer, device=str(setup.device), trust_remote_code=cfg.model.trust_remote_code
         ).eval()
         engine = HFRolloutEngine(
             completer_model, setup.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size
@@ -154,95 +200,33 @@ def train_prm(cfg: Config) -> dict[str, float | str]:
             completer,
             setup.verifier,
             setup.tokenizer,
-            delimiter=delimiter,
+            delimiter=cfg.explicit.step_delimiter,
             n_completions=sp.n_completions,
         )
         return batch, outcome, labels
 
-    t0 = time.perf_counter()
-    train, train_y, train_labels = labelled("train", sp.num_problems)
-    heldout, _, heldout_labels = labelled("test", sp.num_eval_problems)
-    label_s = time.perf_counter() - t0
+    splits = labelled("train", sp.num_problems), labelled("test", sp.num_eval_problems)
     setup.release()
     completer.engine = None
+    return splits
 
-    model = init_reward_model(
-        model_path, device=setup.device, seed=sp.seed, trust_remote_code=cfg.model.trust_remote_code
-    )
-    targets = train_labels.labels if sp.label == "hard" else train_labels.soft
 
-    def loss_fn(logits: torch.Tensor, rows: torch.Tensor, t: int):
-        return prm_step_loss(
-            logits,
-            train_labels.step_end_positions[rows],
-            train_labels.step_mask[rows],
-            targets[rows],
-        )
-
-    history = fit_reward_model(
-        model,
-        train,
-        loss_fn,
-        epochs=sp.epochs,
-        lr=sp.lr,
-        batch_size=sp.batch_size,
-        weight_decay=sp.weight_decay,
-        grad_clip=sp.grad_clip,
-        device=setup.device,
-        seed=sp.seed,
-        prefix="step_prm",
-    )
-    probs, _, _ = prm_step_scores(
-        model,
-        setup.tokenizer,
-        heldout,
-        delimiter=delimiter,
-        micro_batch_size=micro_batch_size,
-        device=setup.device,
-    )
-    m = heldout_labels.step_mask
-    y = heldout_labels.labels >= 0.5
+def _heldout_step_metrics(probs: torch.Tensor, heldout: RolloutBatch,
+                          labels) -> dict[str, float]:
+    """Step classification on the held-out split: every step, the Monte-Carlo-labelled ones
+    alone, and quartiles of the PRM's probabilities (the scale explicit.eta is chosen on)."""
+    m = labels.step_mask
+    y = labels.labels >= 0.5
     # Last steps of finished responses carry the outcome label; the others come from completions.
     counts = m.sum(1, keepdim=True)
     is_last = torch.arange(m.shape[1])[None, :] == counts - 1
     by_outcome = is_last & heldout.finished.cpu()[:, None] & m
-    summary: dict[str, float | str] = {
-        "step_prm/train_responses": float(len(train)),
-        "step_prm/train_accuracy_of_samples": float(train_y.mean()),
-        "step_prm/train_steps": float(train_labels.step_mask.sum()),
-        "step_prm/train_step_positive_rate": float(
-            train_labels.labels[train_labels.step_mask].mean()
-        ),
-        "step_prm/completions": float(train_labels.completions + heldout_labels.completions),
-        "step_prm/label_s": label_s,
-    }
-    summary.update({f"{k}_train_last_epoch": v for k, v in history[-1].items()})
-    summary.update(binary_metrics(probs[m], y[m], "step_prm/heldout"))
+    metrics = binary_metrics(probs[m], y[m], "step_prm/heldout")
     mid = m & ~by_outcome
-    summary.update(binary_metrics(probs[mid], y[mid], "step_prm/heldout_mc_steps"))
-    # Where the PRM's probabilities lie: the scale on which explicit.eta (Clip) is chosen.
+    metrics.update(binary_metrics(probs[mid], y[mid], "step_prm/heldout_mc_steps"))
     for name, sel in (("all", m), ("label1", m & y), ("label0", m & ~y)):
         if bool(sel.any()):
             q = torch.quantile(probs[sel].float(), torch.tensor([0.25, 0.5, 0.75]))
             for p, v in zip((25, 50, 75), q.tolist()):
-                summary[f"step_prm/heldout_prob_{name}_p{p}"] = v
-    summary["step_prm/wall_s"] = time.perf_counter() - start
-    out = save_model(model, setup.tokenizer, sp.out_dir)
-    summary["step_prm/out_dir"] = str(out)
-    (out / "train_metrics.json").write_text(
-        json.dumps(
-            {
-                "summary": summary,
-                "history": history,
-                "label": sp.label,
-                "base": model_path,
-                "completer": completer_path or model_path,
-                "n_completions": sp.n_completions,
-                "step_delimiter": delimiter,
-            },
-            indent=2,
-        )
-    )
-    _write_labels(out / "labels_train.jsonl", train, train_labels, delimiter)
-    _write_labels(out / "labels_heldout.jsonl", heldout, heldout_labels, delimiter, probs)
-    return summary
+                metrics[f"step_prm/heldout_prob_{name}_p{p}"] = v
+    return metrics
