@@ -96,18 +96,38 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
     if gpus < 1 or prompt_len < 1 or gpu_mem_gib <= 0:
         raise ConfigError(f"--gpus, --prompt-len and --gpu-mem must be positive, got {gpus}, "
                           f"{prompt_len}, {gpu_mem_gib}")
-    a, par = cfg.algorithm, cfg.parallel
-    cb = mem.DTYPE_BYTES[cfg.model.dtype]
-    T = cfg.rollout.max_new_tokens
-    seq = prompt_len + T
-    ckpt, offload = par.activation_checkpointing, par.cpu_offload
+    a = cfg.algorithm
     plan = Plan(gpus=gpus, gpu_mem=gpu_mem_gib * mem.GIB)
+    critic = ESTIMATORS[a.estimator].critic
+    prm_online = a.reward_mode == "prime" and cfg.prm.update == "online"
+    _model_states(plan, cfg, shape, critic=critic, prm_online=prm_online)
+    engine = _rollout_phase(plan, cfg, shape, prompt_len)
+    _scoring_phase(plan, cfg, shape, prompt_len, chunk)
+    seq = prompt_len + cfg.rollout.max_new_tokens
+    rows = cfg.policy.micro_batch_size
+    plan.phases["policy update"] = _update_phase(cfg, shape, seq, chunk, rows, "lm", entropy=True)
+    if prm_online:
+        plan.phases["PRM update"] = _update_phase(cfg, shape, seq, chunk, prm_rows(cfg), "lm",
+                                                  entropy=False)
+    if critic:
+        plan.phases["critic update"] = _update_phase(cfg, shape, seq, chunk, rows, "value",
+                                                     entropy=False)
+    plan.replicated = engine + max(plan.phase_bytes(p) for p in plan.phases)
+    return plan
+
+
+def _model_states(plan: Plan, cfg: Config, shape: mem.ModelShape, *, critic: bool,
+                  prm_online: bool) -> None:
+    """The persistent rows of every model: sharded fp32 params, grads and AdamW of the trained
+    ones (host memory under cpu_offload), compute-dtype weights of the frozen ones."""
+    a, gpus = cfg.algorithm, plan.gpus
+    cb = mem.DTYPE_BYTES[cfg.model.dtype]
     P = mem.model_params(shape)
     per = f"1/{gpus} per GPU"
 
     def trained(name: str, params: int) -> None:
         states = mem.trained_state_bytes(params, gpus)
-        if offload:
+        if cfg.parallel.cpu_offload:
             plan.host += sum(states.values())
             plan.persistent.append((f"{name}: params + grads + AdamW (fp32)", 0.0,
                                     f"cpu_offload: {sum(states.values()) / mem.GIB:.2f} GiB "
@@ -123,9 +143,8 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
                                 mem.frozen_state_bytes(params, cb, gpus), per))
 
     trained("policy", P)
-    if ESTIMATORS[a.estimator].critic:
+    if critic:
         trained("critic", mem.model_params(shape, "value"))
-    prm_online = a.reward_mode == "prime" and cfg.prm.update == "online"
     if a.reward_mode == "prime":
         (trained if prm_online else frozen)("PRM", P)
     elif a.reward_mode != "outcome":
@@ -133,27 +152,39 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
     if (a.reward_mode == "prime" and cfg.prm.reference == "sft") or a.kl_coef > 0:
         frozen("reference", P)
 
-    # Rollout engine: the HF engine samples from a full copy of the policy in the compute dtype;
-    # vLLM reserves its share of the GPU for weights and KV cache together.
+
+def _rollout_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: int) -> float:
+    """The rollout engine's persistent bytes (returned) and its phase. The HF engine samples from
+    a full copy of the policy in the compute dtype; vLLM reserves its share of the GPU for
+    weights and KV cache together."""
+    cb = mem.DTYPE_BYTES[cfg.model.dtype]
     if cfg.rollout.backend == "vllm":
         util = getattr(cfg.rollout, "gpu_memory_utilization", VLLM_GPU_MEMORY_UTILIZATION)
         engine = util * plan.gpu_mem
         plan.persistent.append(("rollout: vLLM reservation", engine,
                                 f"gpu_memory_utilization {util}: weights + KV cache"))
         plan.phases["rollout"] = [("KV cache", 0.0, "inside the vLLM reservation")]
-    else:
-        engine = P * cb
-        rows = cfg.rollout.micro_batch_size
-        plan.persistent.append(("rollout: policy weights (full copy)", engine,
-                                f"{cfg.model.dtype}, unsharded"))
-        plan.phases["rollout"] = [
-            ("KV cache", mem.kv_cache_bytes(shape, rows, seq, cb),
-             f"{rows} rows x {seq} tokens"),
-            ("prefill working set", mem.forward_working_bytes(shape, rows, prompt_len, cb),
-             f"{rows} rows x {prompt_len} prompt tokens")]
+        return engine
+    engine = mem.model_params(shape) * cb
+    rows, seq = cfg.rollout.micro_batch_size, prompt_len + cfg.rollout.max_new_tokens
+    plan.persistent.append(("rollout: policy weights (full copy)", engine,
+                            f"{cfg.model.dtype}, unsharded"))
+    plan.phases["rollout"] = [
+        ("KV cache", mem.kv_cache_bytes(shape, rows, seq, cb),
+         f"{rows} rows x {seq} tokens"),
+        ("prefill working set", mem.forward_working_bytes(shape, rows, prompt_len, cb),
+         f"{rows} rows x {prompt_len} prompt tokens")]
+    return engine
 
-    # No-grad forwards: old-policy log-probs, reference, PRM scoring, critic values.
-    rows = max(cfg.policy.micro_batch_size, prm_rows(cfg) if a.reward_mode == "prime" else 0)
+
+def _scoring_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: int,
+                   chunk: int) -> None:
+    """No-grad forwards: old-policy log-probs, reference, PRM scoring, critic values."""
+    cb = mem.DTYPE_BYTES[cfg.model.dtype]
+    T = cfg.rollout.max_new_tokens
+    seq = prompt_len + T
+    rows = max(cfg.policy.micro_batch_size,
+               prm_rows(cfg) if cfg.algorithm.reward_mode == "prime" else 0)
     c = min(T, chunk)
     plan.phases["scoring (no grad)"] = [
         ("all-gathered root + 2 layers", mem.gathered_bytes(shape, cb, trained=False),
@@ -163,38 +194,37 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
         ("logits of one chunk", rows * c * shape.vocab * (cb + mem.FP32),
          f"[{rows}, {c}, {shape.vocab}] {cfg.model.dtype} + fp32")]
 
-    def update(phase: str, rows: int, head: str, entropy: bool) -> None:
-        kw = dict(entropy=entropy, chunk=chunk, head=head)
-        tokens, onoff = f"{rows} rows x {seq} tokens", {False: "off", True: "on"}
-        items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
-            shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
-        for on in (False, True):
-            saved = mem.saved_activation_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
-            peak = mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
-            where = tokens if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
-            items.append((f"saved activations, checkpointing {onoff[on]}", saved,
-                          f"{where}; with the backward: {peak / mem.GIB:.2f} GiB"))
-        moments = mem.backward_moments(shape, rows, seq, T, cb, checkpointing=ckpt, **kw)
-        larger = max(moments, key=moments.get)
-        labels = {"logits": ("backward: logits of one chunk",
-                             f"[{rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
-                  "layer": ("backward: one layer rebuilt + its gradients" if ckpt
-                            else "backward: one layer's gradients", "")}
-        for key, (label, note) in labels.items():
-            if key == "logits" and head != "lm":
-                continue
-            if key != larger:
-                note = f"{NOT_COUNTED}: the other backward moment is larger"
-            items.append((label, moments[key], note))
-        plan.phases[phase] = items
 
-    update("policy update", cfg.policy.micro_batch_size, "lm", entropy=True)
-    if prm_online:
-        update("PRM update", prm_rows(cfg), "lm", entropy=False)
-    if ESTIMATORS[a.estimator].critic:
-        update("critic update", cfg.policy.micro_batch_size, "value", entropy=False)
-    plan.replicated = engine + max(plan.phase_bytes(p) for p in plan.phases)
-    return plan
+def _update_phase(cfg: Config, shape: mem.ModelShape, seq: int, chunk: int, rows: int,
+                  head: str, *, entropy: bool) -> list:
+    """The rows of one training phase (policy, PRM or critic update) of `rows` sequences of
+    `seq` tokens: the gathered layers with their gradients, the saved activations with
+    checkpointing off and on (the configured one counted), the larger backward moment."""
+    cb, T = mem.DTYPE_BYTES[cfg.model.dtype], cfg.rollout.max_new_tokens
+    ckpt, c = cfg.parallel.activation_checkpointing, min(T, chunk)
+    kw = dict(entropy=entropy, chunk=chunk, head=head)
+    tokens, onoff = f"{rows} rows x {seq} tokens", {False: "off", True: "on"}
+    items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
+        shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
+    for on in (False, True):
+        saved = mem.saved_activation_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
+        peak = mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
+        where = tokens if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
+        items.append((f"saved activations, checkpointing {onoff[on]}", saved,
+                      f"{where}; with the backward: {peak / mem.GIB:.2f} GiB"))
+    moments = mem.backward_moments(shape, rows, seq, T, cb, checkpointing=ckpt, **kw)
+    larger = max(moments, key=moments.get)
+    labels = {"logits": ("backward: logits of one chunk",
+                         f"[{rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
+              "layer": ("backward: one layer rebuilt + its gradients" if ckpt
+                        else "backward: one layer's gradients", "")}
+    for key, (label, note) in labels.items():
+        if key == "logits" and head != "lm":
+            continue
+        if key != larger:
+            note = f"{NOT_COUNTED}: the other backward moment is larger"
+        items.append((label, moments[key], note))
+    return items
 
 
 def _with(cfg: Config, **changes: object) -> Config:
