@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from math import ceil
 
 import torch
@@ -26,27 +27,94 @@ from primekit.verifiers.mixed import mean_by_task
 Round = Callable[[int], tuple[RolloutBatch, list[Problem], list[Verdict]]]
 
 
+@dataclass
+class Group:
+    """One prompt group (K rows) that passed the filter, with its age: the policy updates
+    between the step that sampled it and now (0 in the step that sampled it)."""
+
+    batch: RolloutBatch
+    problems: list[Problem]
+    verdicts: list[Verdict]
+    age: int = 0
+
+
+@dataclass
+class GroupCarry:
+    """What the online filter keeps from one step to the next.
+
+    groups: groups that passed the filter after the step's batch was full, oldest first; a
+        later step trains on them before sampling fresh ones, as long as they are at most
+        `max_age` updates old (filter.carry_steps) and fit in `capacity` groups (one step's
+        batch); the rest are dropped. Not checkpointed: `clear()` drops them when a checkpoint
+        is written (the trainer does so at every save), so a run resumed from a checkpoint
+        trains on exactly what the uninterrupted run trained on.
+    seen, passed: groups sampled and groups that passed the filter, over every step and rank
+        so far: their ratio sizes the first round of a step and every refill (checkpointed).
+    """
+
+    max_age: int = 1
+    capacity: int = 0
+    groups: list[Group] = field(default_factory=list)
+    seen: int = 0
+    passed: int = 0
+
+    def clear(self) -> int:
+        """Drop the carried groups (at a checkpoint); returns how many."""
+        dropped, self.groups = len(self.groups), []
+        return dropped
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seen": self.seen, "passed": self.passed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seen, self.passed = int(state.get("seen", 0)), int(state.get("passed", 0))
+
+
+def _split_groups(batch: RolloutBatch, problems: list[Problem], verdicts: list[Verdict],
+                  rows: torch.Tensor, K: int) -> list[Group]:
+    """The groups made of `rows` (whole groups, contiguous, in order) as one Group each."""
+    return [Group(batch.select(rows[g : g + K]), [problems[i] for i in rows[g : g + K].tolist()],
+                  [verdicts[i] for i in rows[g : g + K].tolist()])
+            for g in range(0, rows.numel(), K)]
+
+
 def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: FilterConfig,
-                   pad_id: int, per_task: bool = False) -> tuple[Experience | None, dict]:
+                   pad_id: int, per_task: bool = False, carry: GroupCarry | None = None,
+                   ) -> tuple[Experience | None, dict]:
     """Roll out and filter in rounds until `need` groups are kept (or filter.max_rounds).
+
+    With a `carry`, groups carried from earlier steps come first (oldest first), the size of
+    every round is missing groups x filter.oversample / (the pass rate of every step so far),
+    and groups that pass beyond the batch are carried to the next steps instead of thrown
+    away. The returned Experience's `age` [N] says how many policy updates ago each row was
+    sampled (0: this step).
 
     Rows of the returned batch are whole groups, contiguous: group g is rows g*K .. g*K+K-1.
     Under torchrun every rank keeps the smallest count any rank kept (each optimiser step ends
-    in a collective, so all ranks must take the same number). Returns (None, metrics) when no
-    group was kept.
+    in a collective, so all ranks must take the same number; a rank's extra groups are carried
+    too). Returns (None, metrics) when no group was kept.
     """
     K = group_size
-    kept: list[tuple[RolloutBatch, list[Problem], list[Verdict]]] = []  # per round
+    carry = carry if carry is not None else GroupCarry(max_age=0)
+    dropped = 0
+    for g in carry.groups:
+        g.age += 1
+    aged = [g for g in carry.groups if g.age <= carry.max_age]
+    dropped += len(carry.groups) - len(aged)
+    kept: list[Group] = aged[:need]  # whole groups, carried ones first
+    carried_in = len(kept)
+    surplus: list[Group] = aged[need:]  # still carried (older first), then this step's surplus
     sampled_scores, all_verdicts = [], []
-    groups_seen = groups_kept = rounds = sampled_tokens = 0
-    while groups_kept < need and rounds < filt.max_rounds:
+    groups_seen = groups_passed = rounds = sampled_tokens = 0
+    while len(kept) < need and rounds < filt.max_rounds:
         rounds += 1
-        missing = need - groups_kept
+        missing = need - len(kept)
         n_prompts = missing
         if filt.enabled:
-            # Refill rounds scale by this step's keep rate so far, so a last missing group or
-            # two does not cost a round each.
-            rate = groups_kept / groups_seen if groups_seen else 1.0
+            # Rounds scale by the pass rate of every step so far (this one included), so
+            # neither the first round nor a last missing group or two costs a round each.
+            seen, passed = carry.seen + groups_seen, carry.passed + groups_passed
+            rate = passed / seen if seen else 1.0
             n_prompts = ceil(missing * filt.oversample / max(rate, 0.1))
         batch, problems, verdicts = rollout_round(n_prompts)
         sampled_tokens += int(batch.response_mask.sum())
@@ -58,29 +126,51 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
         if filt.enabled:
             group_ids = torch.arange(len(scores) // K).repeat_interleave(K)  # [n*K]
             keep, _ = filter_groups(scores, group_ids, lo=filt.lo, hi=filt.hi)
-        rows = keep.nonzero().squeeze(1)[: missing * K]  # whole groups, in order
-        if rows.numel():
-            kept.append((batch.select(rows), [problems[i] for i in rows.tolist()],
-                         [verdicts[i] for i in rows.tolist()]))
-            groups_kept += rows.numel() // K
-    metrics = {"sampled_tokens": sampled_tokens,
-               **_global_collect_metrics(torch.cat(sampled_scores), all_verdicts,
-                                         groups_kept, groups_seen, rounds)}
+        rows = keep.nonzero().squeeze(1)  # whole groups, in order
+        groups_passed += rows.numel() // K
+        kept += _split_groups(batch, problems, verdicts, rows[: missing * K], K)
+        surplus += _split_groups(batch, problems, verdicts, rows[missing * K :], K)
+    groups_kept = len(kept)
     if dist.world_size() > 1:
         # Every rank trains on the smallest count any rank kept (-max(-x): one all-reduce).
         groups_kept = int(-dist.all_reduce_max(torch.tensor(-float(groups_kept))))
+    surplus = kept[groups_kept:] + surplus
+    kept = kept[:groups_kept]
+    if carry.max_age > 0:
+        # Keep at most `capacity` groups, the youngest (the oldest would age out first).
+        keep_n = min(len(surplus), carry.capacity or need)
+        surplus.sort(key=lambda g: -g.age)  # oldest first, stable
+        dropped += len(surplus) - keep_n
+        carry.groups = surplus[len(surplus) - keep_n :]
+    else:  # no carrying: every surplus group is thrown away
+        dropped += len(surplus)
+        carry.groups = []
+    batch_tokens = sum(int(g.batch.response_mask.sum()) for g in kept)
+    counts = torch.tensor([float(groups_seen), float(groups_passed), float(carried_in),
+                           float(len(carry.groups)), float(dropped), float(sampled_tokens),
+                           float(batch_tokens)], dtype=torch.float64)
+    seen_all, passed_all, carried_all, out_all, dropped_all, sampled_all, trained_all = (
+        dist.all_reduce_sum(counts).tolist())
+    carry.seen += int(seen_all)
+    carry.passed += int(passed_all)
+    metrics = {"sampled_tokens": sampled_tokens,
+               **_global_collect_metrics(torch.cat(sampled_scores) if sampled_scores
+                                         else torch.zeros(0), all_verdicts, groups_passed,
+                                         groups_seen, rounds),
+               "filter/carried_in": carried_all, "filter/carried_out": out_all,
+               "filter/carry_dropped": dropped_all, "filter/sampled_tokens": sampled_all,
+               "filter/batch_tokens": trained_all}
     metrics["filter/groups_kept"] = groups_kept
     metrics["train/skipped"] = float(groups_kept == 0)
     if groups_kept == 0:
         return None, metrics
-    batch = concat_batches([b for b, _, _ in kept], pad_id=pad_id)
-    rows = torch.arange(groups_kept * K)  # [N]; fewer than kept when ranks agreed on less
-    verdicts = [v for _, _, vs in kept for v in vs][: len(rows)]
+    batch = concat_batches([g.batch for g in kept], pad_id=pad_id)
+    verdicts = [v for g in kept for v in g.verdicts]
     exp = Experience(
-        batch=batch.select(rows) if len(rows) < len(batch.responses) else batch,
-        problems=[p for _, ps, _ in kept for p in ps][: len(rows)], verdicts=verdicts,
+        batch=batch, problems=[p for g in kept for p in g.problems], verdicts=verdicts,
         group_ids=torch.arange(groups_kept).repeat_interleave(K),  # [N]
-        outcome_rewards=torch.tensor([v.score for v in verdicts], dtype=torch.float32))
+        outcome_rewards=torch.tensor([v.score for v in verdicts], dtype=torch.float32),
+        age=torch.tensor([g.age for g in kept]).repeat_interleave(K))  # [N]
     metrics["reward/outcome_mean"] = exp.outcome_rewards.mean()
     if per_task:  # reward/outcome_mean/math, reward/outcome_mean/code, ...
         metrics.update({f"reward/outcome_mean/{task}": mean for task, mean in

@@ -20,9 +20,10 @@ from primekit.algorithms import (
     segment_batch,
     truncated_importance_weights,
 )
-from primekit.config import PolicyConfig
+from primekit.config import PolicyConfig, PRMConfig
 from primekit.data.problem import Problem
 from primekit.rollout.base import RolloutBatch
+from primekit.rollout.batching import Layout
 from primekit.verifiers.base import Verdict
 
 
@@ -41,6 +42,9 @@ class Experience:
     values: torch.Tensor | None = None  # [N, T] critic values
     advantages: torch.Tensor | None = None  # [N, T]
     returns: torch.Tensor | None = None  # [N, T]
+    # [N] long: policy updates since the row was sampled (0: this step's policy sampled it;
+    # > 0: a group carried by the online filter from an earlier step, trainer/collect.py).
+    age: torch.Tensor | None = None
 
     @property
     def response_mask(self) -> torch.Tensor:
@@ -71,10 +75,10 @@ class TokenRewarder(Protocol):
     `primekit.reward_models` implements it; the trainer is given one and never imports them.
     """
 
-    # None: `rewards` needs no reference log-probs. Otherwise (micro_batch_size, multiple): the
-    # micro-batches the reference log-probs must be computed in, the rewarder's own, so that the
+    # None: `rewards` needs no reference log-probs. Otherwise the `Layout` (rollout/batching.py)
+    # the reference log-probs must be computed in, the rewarder's own micro-batches, so that the
     # implicit PRM's log-ratio against an identical reference is exactly zero.
-    reference_chunks: tuple[int, int] | None
+    reference_chunks: Layout | None
 
     # True pauses the update of a rewarder trained online (live control's PRM toggle,
     # trainer/live.py): `rewards` then only scores. A rewarder that never trains ignores it.
@@ -90,6 +94,15 @@ class TokenRewarder(Protocol):
     def trainable(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         """Models (with their optimisers) that change during training: checkpointed by name."""
         ...
+
+
+def micro_layout(section: PolicyConfig | PRMConfig, multiple: int = 1) -> Layout:
+    """The micro-batch layout of a config section with micro_batch_size,
+    max_tokens_per_micro_batch and packing (policy, prm): by rows, or by a token budget packed
+    or length-sorted."""
+    budget = section.max_tokens_per_micro_batch
+    return Layout(section.micro_batch_size, multiple, budget,
+                  budget > 0 and section.packing == "packed")
 
 
 class PromptSampler:
