@@ -151,9 +151,20 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
     print_table(f"primekit demo: {len(trainer.eval_problems)} held-out problems", rows)
     gain = rl_eval["eval/pass@1_greedy"] - sft_eval["eval/pass@1_greedy"]
     console.print(f"greedy pass@1 change: {100 * gain:+.1f} points; total wall time {wall:.0f} s")
+    console.print(f"peak memory (RSS) of this process: {peak_rss_gib():.2f} GiB")
     console.print(f"SFT model: {sft_dir}\n{run_outputs(rl_dir)}", markup=False,
                   highlight=False, soft_wrap=True)
     summary = {"sft": sft_eval, "prime": rl_eval, "wall_s": wall, "rl_wall_s": rl_wall,
                "sft_wall_s": sft["sft/wall_s"], "rl_steps": cfg.train.steps}
+    summary["peak_rss_gib"] = peak_rss_gib()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (getrusage: KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)

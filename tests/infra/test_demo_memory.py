@@ -1,0 +1,25 @@
+"""The demo reports its own peak resident memory (issue 20, item 7): `demo.peak_rss_gib`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = ("from primekit.demo import peak_rss_gib\n"
+          "before = peak_rss_gib()\n"
+          "block = bytearray({mib} * 2**20)  # zero-filled, so every page is touched\n"
+          "print(before, peak_rss_gib())\n")
+
+
+def _peaks(mib: int) -> tuple[float, float]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(mib=mib)], capture_output=True,
+                         text=True, check=True, timeout=120).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def test_peak_rss_counts_an_allocation():
+    # A fresh process: its peak after touching 512 MiB is at least 0.45 GiB above the peak
+    # before (512 MiB = 0.5 GiB; a little slack for pages the allocator already held).
+    before, after = _peaks(512)
+    assert 0.01 < before < 4.0  # the interpreter with primekit.demo imported
+    assert after - before >= 0.45
