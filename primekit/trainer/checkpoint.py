@@ -399,7 +399,17 @@ def _write_checksums(tmp: Path) -> None:
     (tmp / CHECKSUMS).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
-_VERIFIED: dict[Path, float] = {}  # checkpoints verified by this process (mtime of CHECKSUMS)
+# Checkpoints this process verified, with the (size, mtime) of every file then: a second
+# verification (resume checks, then loads) hashes nothing unless a file changed since.
+_VERIFIED: dict[Path, tuple] = {}
+
+
+def _stat(file: Path) -> tuple[int, int] | None:
+    try:
+        st = file.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def damage(path: Path) -> str | None:
@@ -415,12 +425,12 @@ def damage(path: Path) -> str | None:
     if not table_file.is_file():
         return None
     try:
-        stamp = table_file.stat().st_mtime
-        if _VERIFIED.get(path) == stamp:
-            return None
         table = json.loads(table_file.read_text())
     except (OSError, ValueError) as e:
         return f"{CHECKSUMS} is unreadable ({str(e).splitlines()[0][:80]})"
+    stamp = tuple(_stat(path / rel) for rel in sorted(table))
+    if _VERIFIED.get(path) == stamp:
+        return None
     bad = []
     for rel, want in sorted(table.items()):
         file = path / rel
