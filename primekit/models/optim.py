@@ -65,9 +65,9 @@ def weight_norm(params: Iterable[torch.Tensor]) -> float:
     return math.sqrt(float(local)) if math.isfinite(float(local)) else float(local)
 
 
-def nonfinite_weights(model: torch.nn.Module) -> str | None:
-    """The name of the first parameter of `model` with a non-finite value (over all ranks), or
-    None."""
+def nonfinite_weights(model: torch.nn.Module, *, collective: bool = True) -> str | None:
+    """The name of the first parameter of `model` with a non-finite value (over all ranks when
+    `collective`, a collective under torchrun; else this process's own copy), or None."""
     bad = None
     for key, p in model.named_parameters():
         t = p.detach()
@@ -75,7 +75,7 @@ def nonfinite_weights(model: torch.nn.Module) -> str | None:
         if not bool(torch.isfinite(t).all()):
             bad = key
             break
-    if dist.world_size() > 1:  # every rank must agree (the caller raises on all of them)
+    if collective and dist.world_size() > 1:  # every rank agrees (and raises together)
         flag = dist.reduce_metrics({"bad": 0.0 if bad is None else 1.0}, op="max")["bad"]
         if flag and bad is None:
             bad = "a parameter on another rank"

@@ -604,7 +604,9 @@ def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None =
     path, out_dir = Path(path), Path(out_dir)
     if not _complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
-    _verified(path)  # every file against its checksum, before anything is read
+    problem = damage(path)  # every file against its checksum, before anything is read
+    if problem is not None:  # (one process exports: no collective here)
+        raise CheckpointDamaged(f"checkpoint {path} is damaged: {problem}")
     available = sorted(p.parent.name for p in (path / HF).glob("*/config.json"))
     names = tuple(available) if names is None else names
     unknown = sorted(set(names) - set(available))
@@ -643,7 +645,7 @@ def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None =
                                         f"read: {str(e).strip().splitlines()[-1][:200]}") from None
             model.load_state_dict(weights[name])
             model.tie_weights()
-            bad = nonfinite_weights(model)
+            bad = nonfinite_weights(model, collective=False)  # one process exports
             if bad is not None:
                 raise NonFiniteError(f"checkpoint {path}: {name} weight {bad} is not finite; "
                                      f"not exported")
