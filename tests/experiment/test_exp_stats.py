@@ -127,3 +127,50 @@ def test_equivalence_rule_and_noise_statistic():
     assert log.noise("m/x") == pytest.approx(math.sqrt(3))
     # Final per-step value: the mean of the last 2 steps, (2 + 4) / 2 = 3.
     assert log.final("m/x", 2) == 3.0
+
+
+def test_steps_ratio_rows_from_series(tmp_path):
+    import yaml
+
+    from primekit.experiment.report import overall, verdict_rows
+    from primekit.experiment.runlog import RunLog
+    from primekit.experiment.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "claim": "c", "base": "tiny", "seeds": 3,
+        "arms": {"prime": {}, "rloo": {"algorithm.reward_mode": "outcome"}},
+        "verdict": [{"rule": "steps-ratio", "metric": "m/r", "compare": [["prime", "rloo"]],
+                     "window": 1, "threshold": 0.5},
+                    {"rule": "difference", "metric": "m/r", "compare": [["prime", "rloo"]],
+                     "window": 2}]}))
+    spec = load_spec(path)
+    steps = np.arange(1, 7)
+
+    def log(values):
+        return RunLog(series={"m/r": (steps, np.array(values, dtype=float))})
+
+    # prime crosses 0.5 at step 2 in every seed, rloo at step 4: ratio 4 / 2 = 2, and with no
+    # spread every bootstrap resample gives 2 too.
+    prime = [log([0.1, 0.6, 0.6, 0.7, 0.7, 0.8])] * 3
+    rloo = [log([0.1, 0.2, 0.3, 0.5, 0.6, 0.6])] * 3
+    rows = verdict_rows(spec, {("default", "prime"): prime, ("default", "rloo"): rloo})
+    ratio, diff = rows
+    assert (ratio.estimate.value, ratio.estimate.lo, ratio.estimate.hi) == (2.0, 2.0, 2.0)
+    assert ratio.verdict == REPRODUCED and "0 censored" in ratio.detail
+    # Final value over the last 2 steps: prime (0.7 + 0.8) / 2 = 0.75, rloo 0.6; difference
+    # 0.15 with no spread.
+    assert diff.estimate.value == pytest.approx(0.15)
+    assert diff.verdict == REPRODUCED and overall(rows) == REPRODUCED
+    # Censoring, over 10 steps: rloo crosses at step 9 in all 4 seeds; prime at step 2 in three
+    # and never in one (censored at step 10). Ratio 9 / ((2 + 2 + 2 + 10) / 4) = 9 / 4 = 2.25;
+    # even a resample with three censored runs, mean (2 + 30) / 4 = 8, gives 9 / 8 > 1 (all four
+    # censored has probability 1/256, below 2.5%), so the interval lies above 1 - yet the
+    # censored run's true steps are more than 10: the ratio is an upper bound, inconclusive.
+    steps = np.arange(1, 11)
+    prime = [log([0.1, 0.6] + [0.7] * 8)] * 3 + [log([0.1] * 10)]
+    rloo = [log([0.1] * 8 + [0.6, 0.6])] * 4
+    row = verdict_rows(spec, {("default", "prime"): prime, ("default", "rloo"): rloo})[0]
+    assert row.estimate.value == pytest.approx(2.25) and row.estimate.lo > 1
+    assert row.verdict == INCONCLUSIVE and "1 treatment run(s) never reached" in row.reason
+    assert "(1 censored)" in row.detail
