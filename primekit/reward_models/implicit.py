@@ -150,8 +150,9 @@ class ImplicitPRM:
                     else:
                         share = len(mb.rows) / len(mini)
                     (loss * share).backward()
-                    sums.add({"prm/loss": lm["prm/loss"], "prm/reward_mean": lm["prm/reward_mean"]},
-                             weight=len(mb.rows))
+                    # The loss metric weighted like the loss (in rows): the same in any layout.
+                    sums.add({"prm/loss": lm["prm/loss"]}, weight=share * len(mini))
+                    sums.add({"prm/reward_mean": lm["prm/reward_mean"]}, weight=len(mb.rows))
                     rows_seen += len(mb.rows)
                     dpo_pairs = dpo_pairs + lm.get("prm/dpo_pairs", 0.0)  # a count: summed
             if online:

@@ -28,7 +28,8 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, exp
     sums = MetricSums()
     for mini in row_chunks(len(exp), mini_batch_rows):
         optimizer.zero_grad(set_to_none=True)
-        total = dist.all_reduce_sum(loss_agg_count(exp.response_mask[mini], "token-mean"))
+        local = loss_agg_count(exp.response_mask[mini], "token-mean")
+        total = dist.all_reduce_sum(local)
         for mb in iter_layout(exp.batch, micro_layout(cfg.policy), rows=mini):
             rows, t = mb.rows, mb.response_len
             values = micro_batch_values(critic, mb)  # [n, t]
@@ -38,7 +39,8 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, exp
                                   clip=cfg.critic.value_clip)
             # x world size: sharded gradients are averaged over ranks when reduced.
             (loss * loss_agg_count(m, "token-mean") * dist.world_size() / total).backward()
-            sums.add(lm, weight=len(rows))
+            # Metrics weighted like the loss (in rows of the mini-batch): the same in any layout.
+            sums.add(lm, weight=loss_agg_count(m, "token-mean") / local.to(m.device) * len(mini))
         # Clip, check the gradient norm and the updated weights (train.on_nonfinite).
         guarded_step("critic", critic, optimizer, grad_clip=cfg.critic.grad_clip,
                      mode=cfg.train.on_nonfinite, lr_field="critic.lr")
