@@ -477,7 +477,8 @@ def export_final(path: Path, out: Path) -> dict[str, Path]:
     `final/` or none); a failed write is one line that says what is left (`rundir.write_errors`)."""
     from primekit.trainer.rundir import write_errors
 
-    again = f"primekit export {path.parent.parent} --step {path.name.removeprefix('step_').lstrip('0') or 0} --out {out}"
+    step = int(path.name.removeprefix("step_"))
+    again = f"primekit export {path.parent.parent} --step {step} --out {out}"
     with write_errors(out.parent, what="final/",
                       intact=f"{path} is complete and {out} was not written; `{again}` writes it"):
         return ckpt.export_checkpoint(path, out)

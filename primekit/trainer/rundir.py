@@ -319,9 +319,9 @@ def write_errors(run_dir: Path, intact: str = "the previous checkpoint is intact
         raise RunDirError(f"cannot write {where}: {_cause(e)}; {intact}") from None
     except BaseException as e:  # DCP's CheckpointException is not an Exception subclass
         text = str(e)
-        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not any(
+        if isinstance(e, (KeyboardInterrupt, SystemExit, RunDirError)) or not any(
                 marker in text for marker in _DISK_FULL):
-            raise
+            raise  # (a RunDirError: already one line, from a nested write_errors)
         free = shutil.disk_usage(run_dir).free if run_dir.exists() else 0
         # The line that says why (DCP wraps the cause in a multi-line report).
         cause = next(line.strip() for line in text.splitlines()
