@@ -3,7 +3,10 @@
 Both trainers start from the same SFT checkpoint and config (the demo's `configs/tiny.yaml` unless
 --config says otherwise); they differ only in `algorithm.reward_mode`. Steps alternate between the two
 (PRIME, RLOO, PRIME, ...) so that machine noise hits both alike; the first `--warmup` steps of each
-are not counted. Printed: the mean seconds per phase for each, and the ratio of their mean step times.
+are not counted. Printed: the mean seconds per phase for each, the ratio of their mean step times, the
+per-step ratios (n, median, min, max) and the share of the policy update's tokens computed that are
+padding. Compare layouts with overrides: `policy.max_tokens_per_micro_batch=0
+prm.max_tokens_per_micro_batch=0` (padded rows) against the config's token budgets.
 
 Usage:
     python benchmarks/step_time.py --policy runs/demo/sft [--steps 10] [overrides ...]
@@ -21,6 +24,20 @@ from rich.table import Table
 
 from primekit.config import load_config, resolve_config
 from primekit.factory import build_rl_trainer
+from primekit.rollout.batching import row_chunks
+
+
+def padding_share(trainer) -> float:
+    """Share of the tokens computed by the last update's policy micro-batches (the layout every
+    policy, PRM and reference pass of the demo shares, up to whole groups) that are padding."""
+    from primekit.rollout.batching import iter_layout
+
+    batch = trainer.last_experience.batch
+    valid = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+    computed = 0
+    for mini in row_chunks(len(batch.responses), trainer.mini_batch_rows):
+        computed += sum(mb.tokens_computed for mb in iter_layout(batch, trainer.layout, mini))
+    return 1 - valid / computed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
                 timings[mode][-1]["rows"] = metrics.get("filter/groups_kept", 0.0)
                 timings[mode][-1]["rounds"] = metrics.get("filter/rounds", 0.0)
                 timings[mode][-1]["tok_s"] = metrics.get("throughput/rollout_tokens_per_s", 0.0)
+                if trainer.last_experience is not None:
+                    timings[mode][-1]["padding"] = padding_share(trainer)
         print(f"step {step + 1}/{args.warmup + args.steps}", file=sys.stderr)
 
-    not_phases = {"step", "rows", "rounds", "tok_s"}
+    not_phases = {"step", "rows", "rounds", "tok_s", "padding"}
     phases = sorted({k for runs in timings.values() for t in runs for k in t} - not_phases)
     table = Table(title=f"seconds per step (mean of {args.steps}, after {args.warmup} warm-up)")
     table.add_column("phase")
@@ -67,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     for phase in phases:
         table.add_row(phase, *(f"{mean(mode, phase):.3f}" for mode in trainers))
     table.add_row("[bold]step", *(f"[bold]{mean(mode, 'step'):.3f}" for mode in trainers))
+    table.add_row("[bold]step median (min-max)", *(
+        f"{statistics.median(t['step'] for t in timings[mode]):.3f} "
+        f"({min(t['step'] for t in timings[mode]):.3f}-{max(t['step'] for t in timings[mode]):.3f})"
+        for mode in trainers))
+    table.add_row("padding share of tokens computed", *(
+        f"{100 * mean(mode, 'padding'):.1f}%" for mode in trainers))
     table.add_row("groups per step", *(f"{mean(mode, 'rows'):.1f}" for mode in trainers))
     table.add_row("rollout rounds", *(f"{mean(mode, 'rounds'):.2f}" for mode in trainers))
     table.add_row("rollout tokens/s", *(f"{mean(mode, 'tok_s'):.0f}" for mode in trainers))
@@ -74,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     ratio = mean("prime", "step") / mean("outcome", "step")
     console.print(f"PRIME / RLOO step time: {ratio:.3f}x  (paper, Table 2: 680.3 / 530.7 = 1.28x)")
+    ratios = [p["step"] / o["step"] for p, o in zip(timings["prime"], timings["outcome"])]
+    console.print(f"per-step PRIME / RLOO ratio: n={len(ratios)}, median "
+                  f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
     cfg = trainers["prime"].cfg
     console.print(f"config: {args.config}, "
                   f"prm.reference={cfg.prm.reference}, policy.old_logprobs={cfg.policy.old_logprobs}, "
-                  f"train.threads={cfg.train.threads}")
+                  f"train.threads={cfg.train.threads}, micro-batches: policy {tuple(trainers['prime'].layout)}"
+                  f", PRM {tuple(trainers['prime'].rewarder.layout)} (rows, multiple, max_tokens, packed)")
     return 0
 
 
