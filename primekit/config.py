@@ -152,8 +152,8 @@ class PRMConfig:
     # Sequences per PRM optimiser step (whole groups), over all ranks; micro_batch_size is per rank.
     mini_batch_size: Positive = 64
     micro_batch_size: Positive = 64
-    # > 0: PRM (and reference) micro-batches are cut by this token budget per forward instead of
-    # micro_batch_size rows (whole groups, longest first); packing as for the policy.
+    # > 0: PRM (and reference) micro-batches also hold at most this many tokens per forward
+    # (whole groups, longest first); packing as for the policy.
     max_tokens_per_micro_batch: NonNegative = 0
     packing: Literal["packed", "sorted"] = "packed"
     grad_clip: PositiveFloat = 10.0
@@ -234,8 +234,9 @@ class PolicyConfig:
     # Sequences per policy optimiser step, over all ranks; micro_batch_size is per rank.
     mini_batch_size: Positive = 256
     micro_batch_size: Positive = 64  # sequences per forward/backward
-    # > 0: policy, critic and old-log-prob micro-batches are cut by this token budget per forward
-    # (tokens computed, padding included) instead of micro_batch_size rows, longest rows first.
+    # > 0: policy, critic and old-log-prob micro-batches also hold at most this many tokens per
+    # forward (tokens computed, padding included; micro_batch_size still caps the rows), longest
+    # rows first.
     # packing "packed": sequences laid end to end without padding, position ids restarting, attention
     # kept inside each sequence; "sorted": padded rows sorted by length (rollout/batching.py).
     max_tokens_per_micro_batch: NonNegative = 0

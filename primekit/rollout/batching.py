@@ -10,7 +10,8 @@ Two ways to cut a pass (a `Layout`):
 - by rows (`max_tokens=0`): consecutive chunks of `rows` rows, each padded to its longest prompt
   and response (the original layout);
 - by a token budget (`max_tokens>0`): rows, whole groups of `multiple` at a time, longest first,
-  are added to a micro-batch while the tokens it computes stay within the budget. Padded
+  are added to a micro-batch while the tokens it computes stay within the budget (and its rows
+  within `rows`). Padded
   (`packed=False`), the sort puts rows of similar length together so little padding is left;
   packed (`packed=True`), almost none: each micro-batch's sequences are laid end to end in
   packed rows (first-fit decreasing, rows 1.5x its longest sequence), position ids restart
@@ -35,10 +36,10 @@ from primekit.rollout.base import RolloutBatch
 class Layout(NamedTuple):
     """How the rows of one pass are cut into micro-batches (one forward each).
 
-    rows: rows per micro-batch when cut by rows (max_tokens == 0).
+    rows: rows per micro-batch (rounded down to whole groups); with a token budget, at most.
     multiple: micro-batches keep whole runs of this many consecutive rows (groups of K).
-    max_tokens: > 0: a token budget per micro-batch instead of `rows` (a group longer than the
-        budget gets a micro-batch of its own); tokens computed, padding included.
+    max_tokens: > 0: also a token budget per micro-batch, rows longest first (a group longer
+        than the budget gets a micro-batch of its own); tokens computed, padding included.
     packed: padding-free packed rows (see the module docstring); needs max_tokens > 0.
 
     A tuple, so that `batch_logprobs(model, batch, *layout)` reads naturally.
@@ -166,8 +167,10 @@ def packed_micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
 def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout,
                          ) -> Iterator[torch.Tensor]:
     """Whole groups of `layout.multiple` rows, longest group first, gathered into chunks whose
-    tokens computed stay within `layout.max_tokens` (a single group may exceed it alone)."""
+    tokens computed stay within `layout.max_tokens` (a single group may exceed it alone) and
+    whose rows stay within `layout.rows` (rounded down to whole groups, at least one)."""
     k = layout.multiple
+    max_groups = max(1, layout.rows // k)
     if len(rows) % k:
         raise ValueError(f"{len(rows)} rows do not split into whole groups of {k}")
     p_len = batch.prompt_mask[rows].sum(1)  # [n]
@@ -185,7 +188,7 @@ def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout
             cost = total + gl
         else:
             cost = (len(chunk) + 1) * k * (max(max_p, gp) + max(max_t, gt))
-        if chunk and cost > layout.max_tokens:
+        if chunk and (cost > layout.max_tokens or len(chunk) == max_groups):
             yield groups[chunk].reshape(-1)
             chunk, max_p, max_t, total = [], 0, 0, 0
         chunk.append(g)

@@ -73,6 +73,9 @@ def test_token_budget_keeps_whole_groups_longest_first():
     # both 4 x (2 + 3) = 20.
     assert rows(Layout(99, 2, 19)) == [[0, 1], [2, 3]]
     assert rows(Layout(99, 2, 20)) == [[0, 1, 2, 3]]
+    # The row count still caps a micro-batch: 2 rows (one group) each, whatever the budget.
+    assert rows(Layout(2, 2, 10_000, packed=True)) == [[0, 1], [2, 3]]
+    assert rows(Layout(3, 2, 10_000)) == [[0, 1], [2, 3]]  # 3 rows -> one whole group
     # A budget below one group still gives each group a micro-batch; longest group first.
     assert rows(Layout(99, 2, 1)) == [[0, 1], [2, 3]]
     # Rows alone (max_tokens 0): consecutive chunks of whole groups, as before.
@@ -92,7 +95,7 @@ def model(tiny_model_dir):
 
 LAYOUTS = {"padded-rows": Layout(8, 2), "sorted-tokens": Layout(8, 2, 200),
            "packed-tokens": Layout(8, 2, 200, packed=True),
-           "packed-one": Layout(8, 2, 10_000, packed=True)}
+           "packed-one": Layout(24, 2, 10_000, packed=True)}
 
 
 def test_batch_logprobs_agree_over_layouts(model):
