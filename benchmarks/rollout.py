@@ -52,24 +52,26 @@ from primekit.runtime import resolve_device
 console = Console(width=120)
 
 
-def interleaved(calls: dict[str, object], repeats: int) -> dict[str, tuple[int, float]]:
-    """{name: (tokens, seconds)} over `repeats` rounds; each round calls every engine once, in
-    turn, so that the load of a shared machine falls on all of them alike. Each `call(i)` returns
-    the number of tokens it generated; one untimed call per engine comes first (warm-up)."""
+def interleaved(calls: dict[str, object], repeats: int) -> dict[str, list[tuple[int, float]]]:
+    """{name: [(tokens, seconds) per timed call]} over `repeats` rounds; each round calls every
+    engine once, in turn, so that the load of a shared machine falls on all of them alike. Each
+    `call(i)` returns the number of tokens it generated; one untimed call per engine comes first
+    (warm-up)."""
     for call in calls.values():
         call(-1)
-    totals = {name: (0, 0.0) for name in calls}
+    timed = {name: [] for name in calls}
     for i in range(repeats):
         for name, call in calls.items():
             start = time.perf_counter()
             tokens = call(i)
-            seconds = time.perf_counter() - start
-            totals[name] = (totals[name][0] + tokens, totals[name][1] + seconds)
-    return totals
+            timed[name].append((tokens, time.perf_counter() - start))
+    return timed
 
 
-def hf_engine_call(policy, tokenizer, prompts, params):
-    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=len(prompts))
+def hf_engine_call(policy, tokenizer, prompts, params, forced: bool = False):
+    # forced: an EOS id that no vocabulary entry has, so every row runs max_new_tokens.
+    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=len(prompts),
+                             eos_token_ids=[-1] if forced else None)
 
     def call(i: int) -> int:
         batch = engine.generate(prompts, params, torch.Generator().manual_seed(1000 + i))
@@ -78,8 +80,9 @@ def hf_engine_call(policy, tokenizer, prompts, params):
     return call
 
 
-def transformers_generate_call(policy, tokenizer, prompts, params):
-    """`model.generate` on the left-padded batch; tokens counted up to the first EOS."""
+def transformers_generate_call(policy, tokenizer, prompts, params, forced: bool = False):
+    """`model.generate` on the left-padded batch; tokens counted up to the first EOS (forced:
+    min_new_tokens = max_new_tokens, every token counted)."""
     eos = sorted({tokenizer.eos_token_id, *_as_list(policy.generation_config.eos_token_id)}
                  - {None})
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -94,10 +97,13 @@ def transformers_generate_call(policy, tokenizer, prompts, params):
             out = policy.generate(input_ids=ids, attention_mask=mask, do_sample=True,
                                   temperature=params.temperature, top_p=params.top_p, top_k=0,
                                   max_new_tokens=params.max_new_tokens, eos_token_id=eos,
-                                  pad_token_id=pad)
+                                  pad_token_id=pad,
+                                  min_new_tokens=params.max_new_tokens if forced else 0)
         new = out[:, width:]  # [N, T]
         is_eos = torch.isin(new, torch.tensor(eos, device=new.device))
         # Tokens up to and including the first EOS; rows without one count all T.
+        if forced:
+            return new.numel()
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new.shape[1])
         return int(first.sum())
 
@@ -167,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
+    parser.add_argument("--forced", action="store_true",
+                        help="no stop at EOS: every row generates --max-new-tokens (HF parts)")
     parser.add_argument("--engines", default="hf,generate,vllm")
     parser.add_argument("--diagnose", action="store_true", help="vLLM variants (see above)")
     parser.add_argument("--syncs", type=int, default=5, help="timed vLLM weight syncs")
@@ -201,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
 
     calls = {}
     if "hf" in engines:
-        calls["primekit HF engine"] = hf_engine_call(policy, tokenizer, prompts, params)
+        calls["primekit HF engine"] = hf_engine_call(policy, tokenizer, prompts, params,
+                                                     args.forced)
     if "generate" in engines:
         calls["transformers generate"] = transformers_generate_call(policy, tokenizer, prompts,
-                                                                    params)
+                                                                    params, args.forced)
     sync_ms: list[float] = []
     engine = None
     if "vllm" in engines:
@@ -233,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     engine, distinct, params, seeds=True, logprobs=True, n=args.k)
             calls["vllm raw: 1 new token (fixed cost per call)"] = vllm_raw_call(
                 engine, prompts, params, seeds=True, logprobs=True, max_tokens=1)
-    totals = interleaved(calls, args.repeats)
-    rows = [(name, tokens, seconds, args.repeats) for name, (tokens, seconds) in totals.items()]
+    timed = interleaved(calls, args.repeats)
     if engine is not None:
         for _ in range(args.syncs):
             start = time.perf_counter()
@@ -247,11 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"rollout throughput: {len(prompts)} sequences, max "
                         f"{args.max_new_tokens} new tokens, T={args.temperature}, "
                         f"top-p {args.top_p}")
-    for col in ("engine", "tokens/s", "tokens per call", "s per call"):
+    first = "transformers generate" if "transformers generate" in timed else next(iter(timed), None)
+    for col in ("engine", "tokens/s median", "min", "max", "n", "tokens per call", "s per call",
+                f"x {first}"):
         table.add_column(col, justify="left" if col == "engine" else "right")
-    for name, tokens, seconds, calls in rows:
-        table.add_row(name, f"{tokens / seconds:,.0f}", f"{tokens / calls:.0f}",
-                      f"{seconds / calls:.3f}")
+    base = statistics.median(t / s for t, s in timed[first]) if first else 1.0
+    for name, calls_ in timed.items():
+        rates = [t / s for t, s in calls_]
+        table.add_row(name, f"{statistics.median(rates):,.0f}", f"{min(rates):,.0f}",
+                      f"{max(rates):,.0f}", str(len(rates)),
+                      f"{statistics.mean(t for t, _ in calls_):.0f}",
+                      f"{statistics.median(s for _, s in calls_):.3f}",
+                      f"{statistics.median(rates) / base:.2f}")
     console.print(table)
 
     if args.steps and "vllm" in engines:

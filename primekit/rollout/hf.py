@@ -86,6 +86,17 @@ def preallocated_cache(config, capacity: int):
     return cache
 
 
+def _fill_holes(still: torch.Tensor) -> torch.Tensor:
+    """The slot order after dropping finished rows: still [m] bool -> order [m'] (m' live
+    rows), order[j] = the old slot of new slot j. Live rows below m' stay where they are; the
+    live rows at m' and beyond fill the finished slots below m', in order."""
+    m_new = int(still.sum())
+    order = torch.arange(m_new, device=still.device)
+    holes = (~still[:m_new]).nonzero().flatten()  # finished slots that must be filled
+    order[holes] = m_new + still[m_new:].nonzero().flatten()  # as many live rows beyond m'
+    return order
+
+
 _LAYER_CLASSES: dict[type, type] = {}
 
 
@@ -136,6 +147,14 @@ def _preallocated_layer_class(base: type) -> type:
             self.value_buffer[:b, :, : self.length] = self.value_buffer[indices, :, : self.length]
             self.keys = self.key_buffer[:b, :, : self.length]
             self.values = self.value_buffer[:b, :, : self.length]
+
+        def move_rows(self, src: torch.Tensor, dst: torch.Tensor, size: int) -> None:
+            """Copy rows `src` to rows `dst` (filled positions only) and keep rows [0, size)."""
+            end = self.length
+            self.key_buffer[dst, :, :end] = self.key_buffer[src, :, :end]
+            self.value_buffer[dst, :, :end] = self.value_buffer[src, :, :end]
+            self.keys = self.key_buffer[:size, :, :end]
+            self.values = self.value_buffer[:size, :, :end]
 
         def crop(self, tokens_to_remove: int) -> None:
             raise NotImplementedError("the rollout cache is never cropped")
@@ -232,13 +251,20 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            # Inference mode, not only no_grad: no version counters or view tracking for the
+            # few hundred small ops of every decode step.
+            with torch.inference_mode():
                 batches = [
                     self._generate(prompt_ids[i : i + self.micro_batch_size], params, generator)
                     for i in range(0, len(prompt_ids), self.micro_batch_size)
                 ]
         finally:
             self.model.train(was_training)
+        # Ordinary tensors again (clones made outside inference mode), so that the trainer may
+        # use them in autograd (masks and old log-probs enter the loss).
+        batches = [RolloutBatch(*(x.clone() if isinstance(x, torch.Tensor) else x for x in (
+            b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.sampling_logprobs,
+            b.finished, b.responses))) for b in batches]
         return batches[0] if len(batches) == 1 else concat_batches(batches, self.pad_id)
 
     def _forward(self, ids, mask, positions, cache, cache_kwarg: str, last_only: bool = False):
@@ -302,15 +328,21 @@ class HFRolloutEngine:
             if t == T - 1 or bool(finished.all()):
                 break
             still = ~finished[rows]  # [m]
-            # Drop finished rows from the cache once they are a quarter of the batch: compacting
-            # copies the whole filled cache, carrying dead rows through the forward is not
-            # free either.
-            if int((~still).sum()) * 4 >= m:
-                keep = still.nonzero().flatten()
-                cache.batch_select_indices(keep)
-                attn_buf[: len(keep)] = attn_buf[keep]
-                rows, tokens, next_pos = rows[keep], tokens[keep], next_pos[keep]
-                m, still = len(keep), still[keep]
+            # Drop finished rows as soon as there are any: the live rows beyond the new batch
+            # size move into the finished rows' slots below it (a copy of as many rows as
+            # finished, not of the whole cache), so no forward carries a finished row.
+            if not bool(still.all()):
+                order = _fill_holes(still)  # [m'] the old slot of each new slot
+                m = len(order)
+                moved = (order != torch.arange(m, device=device)).nonzero().flatten()
+                for layer in cache.layers:
+                    if hasattr(layer, "move_rows"):
+                        layer.move_rows(order[moved], moved, m)
+                    else:  # a layer of transformers' own (sliding window ...)
+                        layer.batch_select_indices(order)
+                attn_buf[moved] = attn_buf[order[moved]]
+                rows, tokens, next_pos = rows[order], tokens[order], next_pos[order]
+                still = still[order]
             attn_buf[:m, P + t] = still.long()
             attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
             if mask_4d:
