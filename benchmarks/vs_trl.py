@@ -1,0 +1,159 @@
+"""One outcome-only RLOO step of primekit against one step of TRL's GRPOTrainer, same model/batch.
+
+Both sides: the demo's SFT model in float32 on the CPU, the same 16 arithmetic prompts x 4
+samples at every step (ours: its prompt sampler rewound before each step), at most
+64 new tokens (stopping at EOS, or `--forced`: every row 64 tokens), temperature 1, the arithmetic
+verifier as the only reward, old log-probs computed by a separate forward after generation, one
+optimiser step (AdamW) over the 64 rows as one mini-batch. Timed: the whole step, rollout
+included. The sides alternate (`--repeats` rounds, one untimed warm-up each) in one process, so a
+shared machine's load falls on both alike.
+
+Differences in work that remain (printed too):
+- primekit: RLOO advantages (leave-one-out baseline), PPO-clip loss, no KL; old log-probs
+  recomputed (policy.old_logprobs=recompute). Its HF engine decodes with our own loop.
+- TRL: GRPO with `num_iterations=2` (the setting under which TRL computes old log-probs after
+  generation; with max_steps=1 only one optimiser step runs), beta 0 (no reference model),
+  gradient checkpointing off (TRL's default is on: a second forward in the backward),
+  group-mean baseline scaled by the group std (scale_rewards), `model.generate` for sampling,
+  a fresh GRPOTrainer per timed step (built untimed; the step is timed from the trainer
+  callback's on_step_begin to on_step_end).
+
+Run with a python that has both primekit and trl (TRL is not a dependency):
+    python -m venv /tmp/trl-venv --system-site-packages
+    /tmp/trl-venv/bin/pip install trl==1.16.0
+    /tmp/trl-venv/bin/python benchmarks/vs_trl.py --policy runs/demo/sft [--repeats 5] [--forced]
+Without trl the script says so and exits 0 (skipped).
+
+Measured with TRL 1.16.0 from a 200-step SFT model (the demo's was not written yet), 1 thread, on
+the 2-core machine shared with seven other engineers' jobs (load average about 18): stopping at
+EOS (responses of about 19 tokens) primekit 2.028 s (1.606-2.542) vs TRL 2.040 s (1.839-2.297),
+n 7: 0.99x; `--forced` primekit 4.130 s (3.833-4.625) vs TRL 4.568 s (4.129-4.738), n 5: 0.90x.
+The 0.67x target is not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from common import add_policy_argument, missing_policy
+
+from primekit.config import load_config, resolve_config
+
+
+def ours(policy: str, run_dir: str, forced: bool, threads: int):
+    from primekit.factory import build_rl_trainer
+
+    cfg = load_config(resolve_config("tiny"), [
+        f"model.policy={policy}", f"train.run_dir={run_dir}", "train.report_to=[]",
+        "algorithm.reward_mode=outcome", "algorithm.estimator=rloo", "filter.enabled=false",
+        "train.prompts_per_step=16", "rollout.n_samples=4", "rollout.max_new_tokens=64",
+        "policy.old_logprobs=recompute", "policy.ppo_epochs=1", "policy.mini_batch_size=64",
+        "policy.micro_batch_size=64", f"train.threads={threads}"])
+    trainer = build_rl_trainer(cfg)
+    if forced:
+        trainer.engine.eos_token_ids = [-1]  # no token has this id: every row runs 64 tokens
+
+    state = trainer.sampler.state_dict()
+
+    def step() -> float:
+        trainer.sampler.load_state_dict(state)  # the same 16 prompts at every step, as TRL's
+        start = time.perf_counter()
+        trainer.train_step()
+        trainer.step += 1
+        return time.perf_counter() - start
+
+    return trainer, step
+
+
+def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    by_prompt = {p: prob for p, prob in zip(prompts, problems)}
+
+    def reward(prompts, completions, **_):
+        return [verifier.verify(c, by_prompt[p]).score for p, c in zip(prompts, completions)]
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.seconds = time.perf_counter() - self.start
+
+    def step() -> float:
+        with tempfile.TemporaryDirectory() as out:
+            args = GRPOConfig(
+                output_dir=out, per_device_train_batch_size=64, num_generations=4,
+                max_completion_length=64, num_iterations=2, max_steps=1, beta=0.0,
+                learning_rate=1e-4, temperature=1.0, top_k=0, top_p=1.0, logging_steps=1,
+                report_to=[], save_strategy="no", use_cpu=True, bf16=False, fp16=False,
+                dataloader_num_workers=0, seed=0, gradient_checkpointing=False,
+                generation_kwargs={"min_new_tokens": 64} if forced else None)
+            model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+            timer = Timer()
+            trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
+                                  train_dataset=Dataset.from_dict({"prompt": prompts}),
+                                  processing_class=tokenizer, callbacks=[timer])
+            trainer.train()
+            return timer.seconds
+
+    return step
+
+
+def summary(xs: list[float]) -> str:
+    return (f"median {statistics.median(xs):.3f} s (min {min(xs):.3f}, max {max(xs):.3f}, "
+            f"n {len(xs)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_policy_argument(parser, "train from")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--forced", action="store_true", help="every row 64 tokens (no EOS stop)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if missing_policy(args.policy):
+        return 2
+    try:
+        import trl
+    except ImportError as e:
+        print(f"skipped: TRL cannot be imported here ({e}); see the docstring for the venv")
+        return 0
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer, our_step = ours(args.policy, run_dir, args.forced, args.threads)
+        state = trainer.sampler.state_dict()
+        idx = trainer.sampler.take(16)  # the prompts every step of ours draws
+        trainer.sampler.load_state_dict(state)
+        problems = [trainer.train_problems[i] for i in idx]
+        prompts = [trainer.tokenizer.decode(trainer.train_prompt_ids[i]) for i in idx]
+        their_step = trl_side(args.policy, prompts, problems, trainer.verifier, args.forced)
+        print(f"TRL {trl.__version__}; 16 prompts x 4, max 64 new tokens"
+              f"{' forced' if args.forced else ' (EOS stops)'}, fp32, {args.threads} thread(s); "
+              f"{args.repeats} timed steps each after 1 warm-up, alternating", flush=True)
+        our_step(), their_step()
+        times: dict[str, list[float]] = {"primekit": [], "trl": []}
+        for i in range(args.repeats):
+            times["primekit"].append(our_step())
+            times["trl"].append(their_step())
+            print(f"round {i + 1}: primekit {times['primekit'][-1]:.3f} s, "
+                  f"trl {times['trl'][-1]:.3f} s", flush=True)
+    for name, xs in times.items():
+        print(f"{name}: {summary(xs)}")
+    ratio = statistics.median(times["primekit"]) / statistics.median(times["trl"])
+    print(f"primekit / TRL step time: {ratio:.3f}x (medians; target <= 0.67x)")
+    print("differences in work: see the module docstring (RLOO vs GRPO advantages, our decode "
+          "loop vs model.generate, TRL's callback-timed step inside Trainer.train)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
