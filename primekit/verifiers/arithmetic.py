@@ -10,7 +10,7 @@ import re
 
 from primekit.data.arithmetic import ANSWER_PREFIX, STEP_DELIMITER
 from primekit.data.problem import Problem
-from primekit.verifiers.base import Verdict
+from primekit.verifiers.base import Verdict, check_batch
 
 _INT = re.compile(r"[+-]?\d+")
 
@@ -47,9 +47,5 @@ class ArithmeticVerifier:
             return Verdict.error(f"{type(err).__name__}: {err}")
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]:
-        # A length mismatch is a bug in the caller, not a property of a response: raise.
-        if len(responses) != len(problems):
-            raise ValueError(
-                f"responses and problems must have equal length, got {len(responses)} and {len(problems)}"
-            )
+        check_batch(responses, problems)
         return [self.verify(r, p) for r, p in zip(responses, problems)]

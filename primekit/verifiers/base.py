@@ -57,3 +57,10 @@ class Verifier(Protocol):
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]: ...
 
+
+def check_batch(responses: list[str], problems: list[Problem]) -> None:
+    """`verify_batch`'s one precondition: a response per problem. A mismatch is a bug in the
+    caller, not a property of a response, so it raises instead of grading."""
+    if len(responses) != len(problems):
+        raise ValueError(f"responses and problems must have equal length, got {len(responses)} "
+                         f"and {len(problems)}")

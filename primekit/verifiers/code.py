@@ -21,7 +21,7 @@ from typing import Literal
 from primekit.config import VerifierConfig
 from primekit.data.code_tests import normalize_tests
 from primekit.data.problem import Problem
-from primekit.verifiers.base import Verdict
+from primekit.verifiers.base import Verdict, check_batch
 from primekit.verifiers.sandbox import SandboxLimits, SandboxResult, run_program
 
 __all__ = ["CodeVerifier", "extract_code", "normalize_tests", "to_verdict"]
@@ -134,10 +134,7 @@ class CodeVerifier:
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]:
         """One Verdict per pair, `max_workers` sandboxes at a time; raises only on length mismatch."""
-        if len(responses) != len(problems):
-            raise ValueError(
-                f"responses and problems must have equal length, got {len(responses)} and {len(problems)}"
-            )
+        check_batch(responses, problems)
         if len(responses) <= 1 or self.max_workers == 1:
             return [self.verify(r, p) for r, p in zip(responses, problems)]
         with ThreadPoolExecutor(self.max_workers, thread_name_prefix="pk-code-verify") as ex:

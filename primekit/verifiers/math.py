@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from primekit.config import VerifierConfig
 from primekit.data.problem import Problem
-from primekit.verifiers.base import Verdict
+from primekit.verifiers.base import Verdict, check_batch
 from primekit.verifiers.pool import DeadlinePool
 
 # Each regex has one group: the answer text, up to the end of the line.
@@ -254,10 +254,7 @@ class MathVerifier:
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]:
         """One Verdict per (response, problem); never raises except for mismatched lengths."""
-        if len(responses) != len(problems):
-            raise ValueError(
-                f"responses and problems must have equal length, got {len(responses)} and {len(problems)}"
-            )
+        check_batch(responses, problems)
         verdicts: list[Verdict | None] = [None] * len(responses)
         items, where = [], []
         for i, (response, problem) in enumerate(zip(responses, problems)):

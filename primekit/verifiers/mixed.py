@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from primekit.data.problem import Problem
-from primekit.verifiers.base import Verdict, Verifier
+from primekit.verifiers.base import Verdict, Verifier, check_batch
 
 
 class MixedVerifier:
@@ -48,11 +48,7 @@ class MixedVerifier:
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]:
         """One Verdict per pair, in order; the tasks' groups are graded concurrently."""
-        if len(responses) != len(problems):
-            raise ValueError(
-                f"responses and problems must have equal length, got {len(responses)} and "
-                f"{len(problems)}"
-            )
+        check_batch(responses, problems)
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(problems):
             groups.setdefault(getattr(p, "task", None) or "", []).append(i)

@@ -15,7 +15,7 @@ from typing import Any
 
 from primekit.data.arithmetic import ANSWER_PREFIX, STEP_DELIMITER
 from primekit.data.problem import Problem
-from primekit.verifiers.base import Verdict
+from primekit.verifiers.base import Verdict, check_batch
 
 
 def extract_answer(response: str) -> str | None:
@@ -67,9 +67,5 @@ class RgymVerifier:
             return Verdict.error(f"{type(err).__name__}: {err}")
 
     def verify_batch(self, responses: list[str], problems: list[Problem]) -> list[Verdict]:
-        # A length mismatch is a bug in the caller, not a property of a response: raise.
-        if len(responses) != len(problems):
-            raise ValueError(
-                f"responses and problems must have equal length, got {len(responses)} and {len(problems)}"
-            )
+        check_batch(responses, problems)
         return [self.verify(r, p) for r, p in zip(responses, problems)]
