@@ -112,3 +112,21 @@ def test_learning_rates_beyond_float32_are_refused_at_load():
         with pytest.raises(ConfigError, match=rf"{field}: 1e\+39 is beyond float32's range"):
             load_config(CONFIG, [f"{field}=1e39"])
     load_config(CONFIG, ["policy.lr=3e38"])  # representable: accepted (and guarded at the step)
+
+
+@pytest.mark.parametrize("command,section", [("train-orm", "orm"), ("train-prm", "step_prm")])
+def test_a_diverged_reward_model_fit_stops_before_its_output_is_written(command, section,
+                                                                        tiny_model_dir, tmp_path):
+    """The ORM / step-PRM fits take their steps through the same guard: at lr 1e20 the first
+    AdamW step moves every weight by ~1e20 (far past 2x the norm), so the fit raises and the output
+    directory never receives a model."""
+    from tests.reward_models.test_rm_commands_and_rl import CONFIG as EXPLICIT
+    from tests.reward_models.test_rm_commands_and_rl import _common, _run
+
+    out = tmp_path / section
+    with pytest.raises(NonFiniteError, match=r"update diverged"):
+        _run(command, "--config", str(EXPLICIT), *_common(tiny_model_dir),
+             f"{section}.out_dir={out}", f"{section}.lr=1e20", f"{section}.num_problems=4",
+             f"{section}.n_samples=2", f"{section}.num_eval_problems=2", f"{section}.epochs=1",
+             f"{section}.batch_size=4", *(["orm.mixed_only=false"] if section == "orm" else []))
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
