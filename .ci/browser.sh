@@ -16,4 +16,4 @@ fi
 echo "== installing playwright (the version pyproject.toml's [browser] extra asks for)"
 python -m pip install -q 'playwright>=1.40'
 echo "== browser tests"
-python -m pytest -m browser -q -rs tests/viz/test_browser.py
+python -m pytest -m browser -q -rs tests/viz/test_browser.py tests/viz/test_browser_sim.py
