@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from primekit.config import ConfigError, load_config
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer import rundir
 from tests.trainer.conftest import small_overrides
-from tests.trainer.test_reliability_run import SignalOnFirstBatch, _read_only_dir
+from tests.trainer.test_reliability_run import SignalOnFirstBatch, read_only_dir
 
 CONFIG = Path(__file__).resolve().parents[2] / "primekit" / "configs" / "tiny.yaml"
 FAST = ("train.save_every=1", "eval.k=1", "eval.num_problems=2")
@@ -279,14 +278,8 @@ def test_export_of_random_bytes_without_checksums_is_one_line(finished, tmp_path
 
 
 def test_export_to_a_read_only_location_is_one_line(finished, tmp_path, capsys):
-    ro = _read_only_dir(tmp_path)
-    try:
+    with read_only_dir(tmp_path) as ro:
         rc = cli.main(["export", str(finished[0]), "--out", str(ro / "out")])
-    finally:
-        if os.geteuid() == 0:
-            subprocess.run(["umount", str(ro)], check=False)
-        else:
-            ro.chmod(0o755)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1, err  # was a traceback
     # (the path named is the temp directory beside --out that the export writes first)

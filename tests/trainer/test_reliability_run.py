@@ -4,6 +4,7 @@ versions are in test_reliability_faults.py (slow)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -255,28 +256,30 @@ def test_full_disk_during_save_is_one_line_and_keeps_the_previous_checkpoint(tmp
         raise OSError(28, "No space left on device", "/x/y")
 
 
-def _read_only_dir(tmp_path: Path) -> Path:
+@contextlib.contextmanager
+def read_only_dir(tmp_path: Path):
+    """A directory nobody may write to (a read-only tmpfs as root, mode 555 otherwise), undone after."""
     path = tmp_path / "ro"
     path.mkdir()
-    if os.geteuid() != 0:
+    if os.geteuid() == 0:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"running as root and cannot mount a read-only tmpfs: {proc.stderr.strip()}")
+    else:
         path.chmod(0o555)
-        return path
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"running as root and cannot mount a read-only tmpfs: {proc.stderr.strip()}")
-    return path
+    try:
+        yield path
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(path)], check=False)
+        else:
+            path.chmod(0o755)
 
 
 def test_read_only_run_dir_is_one_line_before_any_model_loads(rl_overrides, tmp_path, capsys):
-    ro = _read_only_dir(tmp_path)
-    try:
+    with read_only_dir(tmp_path) as ro:
         rc = cli.main(_argv(rl_overrides(ro / "run")))
-    finally:
-        if os.geteuid() == 0:
-            subprocess.run(["umount", str(ro)], check=False)
-        else:
-            ro.chmod(0o755)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert f"train.run_dir: cannot write to '{ro / 'run'}': " in err[0]
