@@ -6,18 +6,24 @@ the shape of the demo's batches — with a policy-style loss (log-probs and entr
 each layout (`primekit.rollout.batching.Layout`), interleaved round by round:
 
   padded-rows      micro_batch_size rows per forward, left/right padded (the old layout)
-  sorted-budget    token budget, rows longest first, padded rows (length-sorted buckets)
+  sorted-B         token budget B, rows longest first, padded rows (length-sorted buckets)
   packed-1.0x      packed rows as long as the micro-batch's longest sequence
-  packed-1.5x      packed rows 1.5x the longest sequence (what ships: PACKED_ROW_FACTOR)
+  packed-1.5x      packed rows 1.5x the longest sequence
   packed-2.0x      packed rows 2x the longest sequence
+  packed-chosen    the width chosen per micro-batch among 1-2x (what ships: PACKED_ROW_FACTORS)
   packed-one-row   the whole micro-batch in one packed row (what flash attention would take)
 
 All layouts compute the same loss and gradients (tests/models/test_packing.py); they differ only in
 the columns they compute (printed: padding share) and in the attention mask's shape (sdpa on a
 CPU builds a dense block-diagonal mask, so a packed row of C columns costs C^2 attention).
 
+With `--sampled DIR` the batches are instead real ones: `--batches` PRIME steps of the demo config
+from that SFT model (the batches its policy update sees), scored by that model; padding is then
+the demo's own.
+
 Usage:
     python benchmarks/packing.py [--rows 64] [--rounds 6] [--threads 1] [--model DIR]
+    python benchmarks/packing.py --sampled runs/demo/sft [--batches 3] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -51,42 +57,72 @@ def demo_like_batch(n: int, seed: int = 1, P: int = 40, T: int = 64) -> RolloutB
                         torch.ones(n, dtype=torch.bool), [""] * n)
 
 
+def sampled_batches(policy: str, steps: int) -> list[RolloutBatch]:
+    """The rollout batches of `steps` PRIME steps of the demo config from `policy`."""
+    from primekit.config import load_config, resolve_config
+    from primekit.factory import build_rl_trainer
+
+    run_dir = tempfile.mkdtemp(prefix="primekit-bench-packing-run-")
+    cfg = load_config(resolve_config("tiny"), [
+        f"model.policy={policy}", f"train.run_dir={run_dir}", "train.report_to=[]",
+        f"train.threads={torch.get_num_threads()}", "eval.num_problems=8"])
+    trainer = build_rl_trainer(cfg)
+    out = []
+    for _ in range(steps):
+        trainer.run_step()
+        out.append(trainer.last_experience.batch)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", default=None, help="a causal LM directory (default: the tiny model)")
+    parser.add_argument("--sampled", default=None, metavar="SFT",
+                        help="time real demo batches sampled by this SFT model (and score with it)")
+    parser.add_argument("--batches", type=int, default=3, help="with --sampled: steps sampled")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    model_dir = args.model
+    model_dir = args.model or args.sampled
     if model_dir is None:
         from primekit.models.tiny import build_tiny_model
 
         model_dir = build_tiny_model(tempfile.mkdtemp(prefix="primekit-bench-packing-") + "/m")
     model = AutoModelForCausalLM.from_pretrained(model_dir).float().train()
-    b = demo_like_batch(args.rows)
-    n, budget = args.rows, 100_000
-    variants = {  # name: (layout, PACKED_ROW_FACTOR or None for "one row")
-        "padded-rows": (Layout(n, 4), 1.5), "sorted-budget": (Layout(n, 4, 1024), 1.5),
-        "packed-1.0x": (Layout(n, 4, budget, True), 1.0),
-        "packed-1.5x": (Layout(n, 4, budget, True), 1.5),
-        "packed-2.0x": (Layout(n, 4, budget, True), 2.0),
-        "packed-one-row": (Layout(n, 4, budget, True), float(n * 200)),
+    batches = sampled_batches(args.sampled, args.batches) if args.sampled else [
+        demo_like_batch(args.rows)]
+    n, budget = (len(batches[0].responses) // 2 if args.sampled else args.rows), 100_000
+    shipped = batching.PACKED_ROW_FACTORS
+    variants = {  # name: (layout, the packed row widths to choose from, x the longest sequence)
+        "padded-rows": (Layout(n, 4), shipped),
+        "sorted-512": (Layout(n, 4, 512), shipped),
+        "sorted-1024": (Layout(n, 4, 1024), shipped),
+        "sorted-2048": (Layout(n, 4, 2048), shipped),
+        "packed-1.0x": (Layout(n, 4, budget, True), (1.0,)),
+        "packed-1.5x": (Layout(n, 4, budget, True), (1.5,)),
+        "packed-2.0x": (Layout(n, 4, budget, True), (2.0,)),
+        "packed-chosen": (Layout(n, 4, budget, True), shipped),
+        "packed-chosen-1024": (Layout(n, 4, 1024, True), shipped),
+        "packed-one-row": (Layout(n, 4, budget, True), (float(n * 200),)),
     }
-    valid = int(b.prompt_mask.sum() + b.response_mask.sum())
+    if args.sampled:  # known to lose (above); it would take most of the time
+        del variants["packed-one-row"]
+    valid = sum(int(b.prompt_mask.sum() + b.response_mask.sum()) for b in batches)
 
     def run(name: str) -> int:
-        layout, factor = variants[name]
-        batching.PACKED_ROW_FACTOR = factor
-        model.zero_grad(set_to_none=True)
+        layout, factors = variants[name]
+        batching.PACKED_ROW_FACTORS = factors
         computed = 0
-        for mb in iter_layout(b, layout):
-            computed += mb.tokens_computed
-            lp, ent = micro_batch_logprobs(model, mb, compute_entropy=True)
-            ((lp + 0.01 * ent).sum() / b.response_mask.sum()).backward()
+        for b in batches:
+            model.zero_grad(set_to_none=True)
+            for mb in iter_layout(b, layout):
+                computed += mb.tokens_computed
+                lp, ent = micro_batch_logprobs(model, mb, compute_entropy=True)
+                ((lp + 0.01 * ent).sum() / b.response_mask.sum()).backward()
         return computed
 
     computed = {name: run(name) for name in variants}  # warm-up
@@ -98,11 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             times[name].append(time.perf_counter() - t0)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     base = statistics.median(times["padded-rows"])
-    print(f"{args.rows} rows, {valid} tokens, {args.threads} thread(s), forward + backward, seconds")
-    print(f"{'layout':16} {'padding':>8} {'n':>3} {'median':>8} {'min':>8} {'max':>8} {'vs padded':>9}")
+    what = f"{len(batches)} sampled batches of {len(batches[0].responses)} rows in micro-batches of {n}" \
+        if args.sampled else f"{args.rows} rows"
+    print(f"{what}, {valid} tokens, {args.threads} thread(s), forward + backward, seconds")
+    print(f"{'layout':18} {'padding':>8} {'n':>3} {'median':>8} {'min':>8} {'max':>8} {'vs padded':>9}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"{name:16} {100 * (1 - valid / computed[name]):7.1f}% {len(ts):3d} {med:8.3f} "
+        print(f"{name:18} {100 * (1 - valid / computed[name]):7.1f}% {len(ts):3d} {med:8.3f} "
               f"{min(ts):8.3f} {max(ts):8.3f} {med / base:8.3f}x")
     return 0
 

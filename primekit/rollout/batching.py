@@ -14,7 +14,7 @@ Two ways to cut a pass (a `Layout`):
   within `rows`). Padded
   (`packed=False`), the sort puts rows of similar length together so little padding is left;
   packed (`packed=True`), almost none: each micro-batch's sequences are laid end to end in
-  packed rows (first-fit decreasing, rows 1.5x its longest sequence), position ids restart
+  packed rows (first-fit decreasing, rows 1-2x its longest sequence, chosen per micro-batch), position ids restart
   at 0 for each sequence and attention stays inside each sequence (transformers' packed-sequence
   path: with no attention mask it derives a block-diagonal causal mask from the position ids).
 
@@ -24,6 +24,7 @@ Notation: N rows, P prompt columns, T response columns; a row of the batch is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -119,30 +120,61 @@ def micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
     return MicroBatch(rows, input_ids, attention.long(), t, response_mask[:, :t].bool())
 
 
-# Packed rows are PACKED_ROW_FACTOR times the micro-batch's longest sequence. With sdpa on a CPU
-# the block-diagonal mask is dense, so a row's attention costs C^2 whatever it holds: one row
-# for the whole micro-batch was 4.6x slower than padded rows (benchmark in the issue 20 report);
-# rows as long as the longest sequence left 19% padding (0.84x the padded time), 1.5x left 7%
-# (0.72x), 2x left 8% (0.78x): measured on the tiny model, 64 rows, forward + backward.
-PACKED_ROW_FACTOR = 1.5
+# A packed row holds C columns, C chosen per micro-batch among these multiples of its longest
+# sequence: the one that computes the fewest columns (packed rows x C), ties to the shorter row.
+# Why choose: with sdpa on a CPU the block-diagonal mask is dense, so a row's attention costs C^2
+# whatever it holds (one row for a whole micro-batch was 1.33x slower than padded rows, benchmark
+# in docs/performance.md), and no single factor fits every batch: on a synthetic batch of mixed
+# lengths 1.5x left 9% padding where 1x left 22%, but on the demo's real batches (lengths much
+# alike) a fixed 1.5x left 26.6% against 17.4% for trimmed padded rows. Capped at 2x, so the
+# attention a row pays stays within 4x that of the longest sequence alone.
+PACKED_ROW_FACTORS: tuple[float, ...] = (1.0, 1.25, 1.5, 1.75, 2.0)
+
+
+def first_fit_decreasing(lengths: list[int], width: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """Place sequences of `lengths` (each <= width) in rows of `width` columns, longest first,
+    each into the first row with room. Returns the rows' free columns [r] and each sequence's
+    (row, first column) [n]."""
+    free: list[int] = []
+    place: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+    shortest = min(lengths)
+    open_rows: list[int] = []  # rows that can still take the shortest sequence, in order
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r in open_rows if free[r] >= lengths[i]), None)
+        if r is None:
+            r = len(free)
+            free.append(width)
+            open_rows.append(r)
+        place[i] = (r, width - free[r])
+        free[r] -= lengths[i]
+        if free[r] < shortest:
+            open_rows.remove(r)
+    return free, place
+
+
+def packed_row_width(lengths: list[int], factors: tuple[float, ...] = PACKED_ROW_FACTORS) -> int:
+    """C for packed rows of these sequence lengths: among int(factor x longest) for each factor
+    (at most the total length), the width whose first-fit-decreasing packing computes the fewest
+    columns (rows x C); ties go to the shorter row (less attention per row)."""
+    return _packed_row_width(tuple(sorted(lengths)), factors)
+
+
+@functools.lru_cache(maxsize=256)  # every pass over a batch packs the same micro-batches again
+def _packed_row_width(lengths: tuple[int, ...], factors: tuple[float, ...]) -> int:
+    longest, total = lengths[-1], sum(lengths)
+    widths = sorted({min(max(int(longest * f), longest), total) for f in factors})
+    return min(widths, key=lambda c: (len(first_fit_decreasing(list(lengths), c)[0]) * c, c))
 
 
 def packed_micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
     """The padding-free model inputs of `rows`: their sequences (prompt + response, no padding)
-    placed first-fit decreasing in packed rows of PACKED_ROW_FACTOR x the longest sequence."""
+    placed first-fit decreasing in packed rows of `packed_row_width` columns."""
     P = batch.prompt_ids.size(1)
     p_len = batch.prompt_mask[rows].sum(1).tolist()  # [n]
     t_len = batch.response_mask[rows].sum(1).tolist()  # [n]
     lengths = [p + t for p, t in zip(p_len, t_len)]
-    C = min(int(max(lengths) * PACKED_ROW_FACTOR), sum(lengths))
-    free: list[int] = []  # free columns of each packed row
-    place: list[tuple[int, int]] = [(0, 0)] * len(lengths)  # (packed row, first column)
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        r = next((r for r, f in enumerate(free) if f >= lengths[i]), len(free))
-        if r == len(free):
-            free.append(C)
-        place[i] = (r, C - free[r])
-        free[r] -= lengths[i]
+    C = packed_row_width(lengths, PACKED_ROW_FACTORS)  # read at call time (benchmarks vary it)
+    free, place = first_fit_decreasing(lengths, C)
     # Padding columns are never attended to from a sequence nor read: any id will do.
     input_ids = torch.zeros((len(free), C), dtype=batch.prompt_ids.dtype)  # [r, C]
     position_ids = torch.arange(C).repeat(len(free), 1)  # [r, C]; trailing padding: own segment

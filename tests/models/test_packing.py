@@ -17,7 +17,13 @@ from primekit.models.logprobs import (
     sequence_logprobs,
 )
 from primekit.rollout.base import RolloutBatch
-from primekit.rollout.batching import Layout, iter_layout, packed_micro_batch
+from primekit.rollout.batching import (
+    Layout,
+    first_fit_decreasing,
+    iter_layout,
+    packed_micro_batch,
+    packed_row_width,
+)
 
 PAD = 0
 
@@ -44,21 +50,43 @@ def _random_batch(n: int, seed: int = 0) -> RolloutBatch:
 
 
 def test_packed_micro_batch_by_hand():
-    # Lengths 4, 4, 2: rows are int(1.5 * 4) = 6 columns. First-fit decreasing: sequence 0 in
-    # row 0 (2 columns left), sequence 1 does not fit there -> row 1, sequence 2 fills row 0.
-    b = _batch([[5, 6], [7], [4]], [[8, 1], [9, 9, 9], [3]])
+    # Lengths 4, 3, 2 (total 9); candidate widths int(f * 4) for f in 1..2: 4, 5, 6, 7, 8.
+    # First-fit decreasing computes rows x width: 4 -> (4)(3)(2) 3 x 4 = 12; 5 -> (4)(3 2)
+    # 2 x 5 = 10; 6 -> (4 2)(3) 2 x 6 = 12; 7 -> (4 3)(2) 14; 8 -> (4 3)(2) 16. So width 5.
+    b = _batch([[5, 6], [7], [4]], [[8, 1], [9, 9], [3]])
     mb = packed_micro_batch(b, torch.arange(3))
-    assert mb.packed and mb.attention_mask is None and mb.response_len == 3
-    assert mb.input_ids.tolist() == [[5, 6, 8, 1, 4, 3], [7, 9, 9, 9, PAD, PAD]]
-    # Positions restart at 0 for each sequence; row 1's two padding columns are a segment too.
-    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]]
+    assert mb.packed and mb.attention_mask is None and mb.response_len == 2
+    assert mb.input_ids.tolist() == [[5, 6, 8, 1, PAD], [7, 9, 9, 4, 3]]
+    # Positions restart at 0 for each sequence; row 0's padding column is a segment too.
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
     # Response token j of a sequence starting at flat column s with p prompt tokens is predicted
-    # by column s + p - 1 + j: sequence 0 at 0 (p=2) -> 1, 2; sequence 1 at 6 (row 1, p=1) ->
-    # 6, 7, 8; sequence 2 at 4 (p=1) -> 4.
-    assert mb.predict_index.tolist() == [[1, 2, -1], [6, 7, 8], [4, -1, -1]]
-    assert mb.response_mask.tolist() == [[True, True, False], [True, True, True],
-                                         [True, False, False]]
-    assert mb.tokens_computed == 12  # 10 tokens + 2 padding
+    # by column s + p - 1 + j: sequence 0 at 0 (p=2) -> 1, 2; sequence 1 at 5 (row 1, p=1) ->
+    # 5, 6; sequence 2 at 8 (p=1) -> 8.
+    assert mb.predict_index.tolist() == [[1, 2], [5, 6], [8, -1]]
+    assert mb.response_mask.tolist() == [[True, True], [True, True], [True, False]]
+    assert mb.tokens_computed == 10  # 9 tokens + 1 padding
+
+
+@pytest.mark.parametrize(("lengths", "width", "rows"), [
+    # Widths int(f * 10) for f in 1, 1.25, 1.5, 1.75, 2: 10, 12, 15, 17, 20 (total 30).
+    # FFD: 10 -> (10)(9)(6)(5) 40; 12 -> (10)(9)(6 5) 36; 15 -> (10 5)(9 6) 30;
+    # 17 -> (10 6)(9 5) 34; 20 -> (10 9)(6 5) 40. So 15: two rows, no padding.
+    ([10, 5, 9, 6], 15, 2),
+    # Alike lengths: 10 rows x 10 = 100 at 1x and 5 rows x 20 = 100 at 2x (pairs); 12 and 15
+    # take one per row (120, 150), 17 pairs 9+8 only (7 rows, 119). The tie goes to 10.
+    ([10, 10, 9, 9, 9, 8, 8, 8, 9, 10], 10, 10),
+    # Mixed lengths fill a 1x row: (10)(6 4)(5 5) -> 3 rows x 10 = 30 = the total.
+    ([10, 6, 4, 5, 5], 10, 3),
+    # One sequence: its own length.
+    ([7], 7, 1),
+])
+def test_packed_row_width_computes_the_fewest_columns(lengths, width, rows):
+    assert packed_row_width(lengths) == width
+    free, place = first_fit_decreasing(lengths, width)
+    assert len(free) == rows and sum(free) == rows * width - sum(lengths)
+    # Every sequence lies inside its row, and no two overlap.
+    cells = [(r, c + j) for (r, c), n in zip(place, lengths) for j in range(n)]
+    assert len(set(cells)) == sum(lengths) and all(c < width for _, c in cells)
 
 
 def test_token_budget_keeps_whole_groups_longest_first():
