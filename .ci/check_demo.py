@@ -1,6 +1,10 @@
 """Check a `primekit demo` run against the band measured over seeds and CPUs (README).
 
-Usage: python .ci/check_demo.py RUN_DIR [RUN_DIR ...]
+Usage: python .ci/check_demo.py RUN_DIR [RUN_DIR ...] [--rl RL_DIR SFT_RUN_DIR ...]
+
+A RUN_DIR is a `primekit demo --run-dir` (its summary.json holds both evaluations). `--rl` checks a
+`primekit train` run (RL only, its final evaluation the last row of metrics.jsonl that has one)
+against the SFT evaluation of the demo in SFT_RUN_DIR it started from.
 
 Each check sits well below the measured band, so float rounding on another CPU does not fail it,
 and well above what a real regression gives:
@@ -24,10 +28,18 @@ MAX_PRM_LOSS = 0.6926  # mean PRM loss over the second half of the run, below ln
 MIN_PRM_PAIRWISE = 0.52  # mean PRM pairwise accuracy over the second half (no update: 0.5)
 
 
-def check(run_dir: Path) -> list[str]:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    sft, rl = summary["sft"], summary["prime"]
-    steps = [json.loads(line) for line in (run_dir / "prime" / "metrics.jsonl").open()]
+def check(run_dir: Path, sft_run_dir: Path | None = None) -> list[str]:
+    """Failures of one demo (sft_run_dir None) or of one RL run from sft_run_dir's SFT model."""
+    if sft_run_dir is None:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        sft, rl, rl_dir = summary["sft"], summary["prime"], run_dir / "prime"
+    else:
+        summary = json.loads((sft_run_dir / "summary.json").read_text())
+        sft, rl_dir = summary["sft"], run_dir
+        rows = [json.loads(line) for line in (rl_dir / "metrics.jsonl").open()]
+        rl = [m for m in rows if "eval/pass@1_greedy" in m][-1]
+        summary = {"wall_s": rl["time"] - rows[0]["time"]}  # RL only: from its first step's row
+    steps = [json.loads(line) for line in (rl_dir / "metrics.jsonl").open()]
     steps = [m for m in steps if "prm/loss" in m]
     late = steps[len(steps) // 2 :]
     prm_loss = statistics.fmean(m["prm/loss"] for m in late)
@@ -53,8 +65,20 @@ def check(run_dir: Path) -> list[str]:
     return [f"{run_dir}: {f}" for f in failures]
 
 
+def parse(argv: list[str]) -> list[tuple[Path, Path | None]]:
+    """[(run dir, SFT demo dir or None)] from RUN_DIR ... [--rl RL_DIR SFT_RUN_DIR ...]."""
+    if "--rl" not in argv:
+        return [(Path(a), None) for a in argv]
+    i = argv.index("--rl")
+    rl = argv[i + 1 :]
+    if not rl or len(rl) % 2:
+        sys.exit("--rl takes pairs: RL_DIR SFT_RUN_DIR")
+    return [(Path(a), None) for a in argv[:i]] + [
+        (Path(rl[j]), Path(rl[j + 1])) for j in range(0, len(rl), 2)]
+
+
 if __name__ == "__main__":
-    failures = [f for arg in sys.argv[1:] for f in check(Path(arg))]
+    failures = [f for run, sft in parse(sys.argv[1:]) for f in check(run, sft)]
     for f in failures:
         print("FAIL", f)
     sys.exit(1 if failures else 0)
