@@ -181,116 +181,174 @@ class DeadlinePool:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         n = len(items)
-        results: list[tuple[str, Any] | None] = [None] * n
         if n == 0:
             return []
-        retries = [0] * n
-        pool = self._checkout(min(self.workers, n))
-        pending = deque(range(n))
-        busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (item index, deadline)
-        broken: set[_Worker] = set()  # a send to it failed: its process is gone or going
-
-        def retry_or_fail(i: int, reason: str) -> None:
-            if retries[i] < MAX_RETRIES:
-                retries[i] += 1
-                pending.appendleft(i)
-            else:
-                results[i] = ("error", reason)
-
-        # While no worker is ready (all are starting, e.g. replacing killed ones), the item at the
-        # head of the queue spends its own time limit waiting: a call never blocks past its limit
-        # because a worker is slow to start. Waiting for a busy worker does not count.
-        starved_since: float | None = None
+        call = _MapCall(self, items, timeout_s, self._checkout(min(self.workers, n)))
         try:
-            while pending or busy or broken:
-                now = time.monotonic()
-                for w in pool:
-                    if w.ready and w not in busy and w not in broken and pending:
-                        i = pending.popleft()
-                        try:
-                            w.inbox.send((i, items[i]))
-                        except OSError as e:  # a dead worker (BrokenPipeError): not the item's fault
-                            broken.add(w)
-                            retry_or_fail(i, f"could not send item: {type(e).__name__}")
-                            continue
-                        except Exception as e:  # an unpicklable item
-                            results[i] = ("error", f"could not send item: {type(e).__name__}")
-                            continue
-                        start = now if starved_since is None else starved_since
-                        busy[w] = (i, start + timeout_s)
-                        starved_since = None
-                if not pending and not busy and not broken:
-                    break
-                if pending and pool and not any(w.ready and w not in broken for w in pool):
-                    if starved_since is None:
-                        starved_since = now
-                    elif now >= starved_since + timeout_s:
-                        results[pending.popleft()] = (
-                            "timeout", "no grading worker became ready within the time limit")
-                        starved_since = now if pending else None
-                        continue
-                else:
-                    starved_since = None
-                deadlines = [d for _, d in busy.values()]
-                if starved_since is not None:
-                    deadlines.append(starved_since + timeout_s)
-                deadlines += [w.started + self.start_timeout_s for w in pool if not w.ready]
-                wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
-                if broken:  # replace them now
-                    wait_s = 0.0
-                conns = {w.outbox: w for w in pool}
-                ready = wait(list(conns), timeout=wait_s)
-                dead: list[_Worker] = []
-                for conn in ready:
-                    w = conns[conn]
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):
-                        dead.append(w)
-                        continue
-                    except Exception as e:  # a result that cannot be unpickled here
-                        msg = (busy.get(w, (-1,))[0], "error", f"bad result: {type(e).__name__}")
-                    tag, status, value = msg
-                    if tag == "ready":
-                        w.ready = True
-                    elif w in busy and busy[w][0] == tag:
-                        results[tag] = (status, value)
-                        del busy[w]
-                now = time.monotonic()
-                for w in list(pool):
-                    overdue = w in busy and now >= busy[w][1]
-                    slow_start = not w.ready and now >= w.started + self.start_timeout_s
-                    gone = w in dead or w in broken or w.proc.poll() is not None
-                    if not (gone or overdue or slow_start):
-                        continue
-                    if w in busy:
-                        i, _ = busy.pop(w)
-                        if overdue:
-                            results[i] = ("timeout", None)
-                        else:
-                            with contextlib.suppress(subprocess.TimeoutExpired):
-                                w.proc.wait(timeout=1.0)  # its pipe closed: it is exiting
-                            retry_or_fail(i, f"worker died twice (exit code {w.proc.poll()})")
-                    broken.discard(w)
-                    was_ready = w.ready
-                    w.kill()
-                    pool.remove(w)
-                    if was_ready:  # replace it now: its start-up overlaps the remaining work
-                        pool.append(self._spawn())
-                    elif not was_ready and not pool:
-                        # A worker that cannot start will not start on retry either.
-                        for i in pending:
-                            results[i] = ("error", "verifier worker failed to start")
-                        pending.clear()
-            return [(*(r if r is not None else ("error", "internal: no result")), k)
-                    for r, k in zip(results, retries)]
+            return call.run()
         except BaseException:
-            for w in pool:
+            for w in call.workers:
                 w.kill()
-            pool = []
+            call.workers = []
             raise
         finally:
-            self._checkin(pool)
+            self._checkin(call.workers)
+
+
+class _MapCall:
+    """The state of one `DeadlinePool.map` call and the loop that schedules it.
+
+    Each turn of `run`: send pending items to ready idle workers, run the starvation clock,
+    wait for the next message or deadline, then retire (and replace) the workers that overran
+    an item, died, or did not start in time.
+    """
+
+    def __init__(
+        self, owner: DeadlinePool, items: Sequence[Any], timeout_s: float, workers: list[_Worker]
+    ) -> None:
+        self.owner = owner
+        self.items = items
+        self.timeout_s = timeout_s
+        self.workers = workers  # checked out for this call; killed ones are replaced in place
+        n = len(items)
+        self.results: list[tuple[str, Any] | None] = [None] * n
+        self.retries = [0] * n
+        self.pending = deque(range(n))
+        self.busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (item index, deadline)
+        self.broken: set[_Worker] = set()  # a send to it failed: its process is gone or going
+        # While no worker is ready (all are starting, e.g. replacing killed ones), the item at
+        # the head of the queue spends its own time limit waiting: a call never blocks past its
+        # limit because a worker is slow to start. Waiting for a busy worker does not count.
+        self.starved_since: float | None = None
+
+    def unfinished(self) -> bool:
+        return bool(self.pending or self.busy or self.broken)
+
+    def run(self) -> list[Outcome]:
+        while self.unfinished():
+            now = time.monotonic()
+            self.dispatch(now)
+            if not self.unfinished():
+                break
+            if self.starve(now):
+                continue
+            dead = self.receive(self.wait_s())
+            self.reap(dead)
+        return [
+            (*(r if r is not None else ("error", "internal: no result")), k)
+            for r, k in zip(self.results, self.retries)
+        ]
+
+    def retry_or_fail(self, i: int, reason: str) -> None:
+        if self.retries[i] < MAX_RETRIES:
+            self.retries[i] += 1
+            self.pending.appendleft(i)
+        else:
+            self.results[i] = ("error", reason)
+
+    def dispatch(self, now: float) -> None:
+        """Send pending items to ready idle workers; an item's deadline counts from `now`, or
+        from when it began waiting for a worker to start."""
+        for w in self.workers:
+            if w.ready and w not in self.busy and w not in self.broken and self.pending:
+                i = self.pending.popleft()
+                try:
+                    w.inbox.send((i, self.items[i]))
+                except OSError as e:  # a dead worker (BrokenPipeError): not the item's fault
+                    self.broken.add(w)
+                    self.retry_or_fail(i, f"could not send item: {type(e).__name__}")
+                    continue
+                except Exception as e:  # an unpicklable item
+                    self.results[i] = ("error", f"could not send item: {type(e).__name__}")
+                    continue
+                start = now if self.starved_since is None else self.starved_since
+                self.busy[w] = (i, start + self.timeout_s)
+                self.starved_since = None
+
+    def starve(self, now: float) -> bool:
+        """Run the starvation clock; True when it just timed out the item at the queue's head."""
+        if not (
+            self.pending
+            and self.workers
+            and not any(w.ready and w not in self.broken for w in self.workers)
+        ):
+            self.starved_since = None
+            return False
+        if self.starved_since is None:
+            self.starved_since = now
+            return False
+        if now < self.starved_since + self.timeout_s:
+            return False
+        self.results[self.pending.popleft()] = (
+            "timeout",
+            "no grading worker became ready within the time limit",
+        )
+        self.starved_since = now if self.pending else None
+        return True
+
+    def wait_s(self) -> float:
+        """How long to wait for a message: until the nearest deadline, or not at all."""
+        if self.broken:  # replace them now
+            return 0.0
+        deadlines = [d for _, d in self.busy.values()]
+        if self.starved_since is not None:
+            deadlines.append(self.starved_since + self.timeout_s)
+        deadlines += [w.started + self.owner.start_timeout_s for w in self.workers if not w.ready]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
+
+    def receive(self, wait_s: float) -> list[_Worker]:
+        """Wait up to `wait_s` and take in each message that arrived; returns the workers whose
+        pipe closed (they died)."""
+        conns = {w.outbox: w for w in self.workers}
+        dead: list[_Worker] = []
+        for conn in wait(list(conns), timeout=wait_s):
+            w = conns[conn]
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                dead.append(w)
+                continue
+            except Exception as e:  # a result that cannot be unpickled here
+                msg = (self.busy.get(w, (-1,))[0], "error", f"bad result: {type(e).__name__}")
+            tag, status, value = msg
+            if tag == "ready":
+                w.ready = True
+            elif w in self.busy and self.busy[w][0] == tag:
+                self.results[tag] = (status, value)
+                del self.busy[w]
+        return dead
+
+    def reap(self, dead: list[_Worker]) -> None:
+        """Retire every worker that overran its item, is gone, or did not start in time."""
+        now = time.monotonic()
+        for w in list(self.workers):
+            overdue = w in self.busy and now >= self.busy[w][1]
+            slow_start = not w.ready and now >= w.started + self.owner.start_timeout_s
+            gone = w in dead or w in self.broken or w.proc.poll() is not None
+            if gone or overdue or slow_start:
+                self.retire(w, overdue)
+
+    def retire(self, w: _Worker, overdue: bool) -> None:
+        """Settle `w`'s item (timeout if overdue, else a retry), kill it, and replace it."""
+        if w in self.busy:
+            i, _ = self.busy.pop(w)
+            if overdue:
+                self.results[i] = ("timeout", None)
+            else:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    w.proc.wait(timeout=1.0)  # its pipe closed: it is exiting
+                self.retry_or_fail(i, f"worker died twice (exit code {w.proc.poll()})")
+        self.broken.discard(w)
+        was_ready = w.ready
+        w.kill()
+        self.workers.remove(w)
+        if was_ready:  # replace it now: its start-up overlaps the remaining work
+            self.workers.append(self.owner._spawn())
+        elif not self.workers:
+            # A worker that cannot start will not start on retry either.
+            for i in self.pending:
+                self.results[i] = ("error", "verifier worker failed to start")
+            self.pending.clear()
 
 
 def _wait_ready(ws: list[_Worker], timeout_s: float) -> None:
