@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 Pick = Callable[[dict, list[int]], float]  # (per-problem arrays, subset indices) -> score
 
@@ -113,6 +114,19 @@ def problems_of(scored, task: str) -> list[dict]:
     return out
 
 
+def pairwise_of(scored) -> tuple[float, float]:
+    """(pairs ordered like their scores, pairs) over pairs of one problem's samples with different
+    verifier scores, by the summed implicit reward: the training metric prm/acc_pairwise, here on
+    whatever policy sampled (`algorithms.prm_pairwise_counts`; ties count one half)."""
+    from primekit.algorithms import prm_pairwise_counts
+
+    sums = (scored.token_rewards * scored.response_mask).sum(1)  # [N]
+    groups = torch.arange(len(scored.responses)) // scored.k  # [N], k samples per problem
+    correct, pairs = prm_pairwise_counts(sums, torch.as_tensor(scored.scores, dtype=sums.dtype),
+                                         groups)
+    return float(correct), float(pairs)
+
+
 def plot(rows: list[dict], out: Path, title: str) -> Path:
     import matplotlib
 
@@ -151,10 +165,14 @@ def run_rerank(cfg, *, model: str, prm: str, ref: str | None, num_problems: int)
     rows = rerank_table(problems_of(scored, verifier_task(cfg)), ns, v.rerank_draws, v.seed)
     title = f"best-of-N on {num_problems} held-out problems: PRM {prm}"
     print_table(title, rows)
+    correct, pairs = pairwise_of(scored)
+    print(f"PRM pairwise accuracy on these samples: {correct / max(pairs, 1):.3f} over {pairs:.0f} "
+          f"pairs of one problem's samples with different scores (0.5: no better than chance)")
     out = Path(v.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rerank.json").write_text(json.dumps({"model": model, "prm": prm, "ref": ref or model,
-                                                 "num_problems": num_problems, "rows": rows},
+                                                 "num_problems": num_problems, "rows": rows,
+                                                 "pairwise": {"correct": correct, "pairs": pairs}},
                                                 indent=1))
     plot(rows, out / "rerank.png", title)
     print(f"table: {out / 'rerank.json'}  plot: {out / 'rerank.png'}")

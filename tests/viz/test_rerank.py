@@ -59,3 +59,22 @@ def test_subsets():
     assert len(two) == 5 and all(len(set(s)) == 2 for s in two)
     with pytest.raises(ValueError, match="exceeds"):
         subsets(4, 8, 5, rng)
+
+
+def test_pairwise_of_counts_pairs_within_a_problem_by_hand():
+    import torch
+
+    from primekit.viz.rerank import pairwise_of
+    from primekit.viz.scoring import Scored
+
+    # Two problems x K = 3. Summed rewards (over the mask): problem 0: 0.3, -0.1, 0.2 with
+    # scores 1, 0, 0 -> pairs (0,1) right (0.3 > -0.1), (0,2) right (0.3 > 0.2); samples 1 and 2
+    # share a score: no pair. Problem 1: 0.0, 0.5, 0.5 with scores 0, 1, 0 -> (1,0) right,
+    # (1,2) a tie (0.5 = 0.5) counts 1/2. Total 3.5 of 4 pairs.
+    rewards = torch.tensor([[0.1, 0.2, 9.0], [-0.1, 0.0, 0.0], [0.2, 0.0, 0.0],
+                            [0.0, 0.0, 0.0], [0.25, 0.25, 0.0], [0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 0, 0]])
+    scored = Scored(problems=[None] * 6, responses=[""] * 6, tokens=[[]] * 6,
+                    scores=torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]), statuses=["x"] * 6,
+                    token_rewards=rewards, response_mask=mask, k=3, beta=0.05)
+    assert pairwise_of(scored) == (3.5, 4.0)
