@@ -123,8 +123,8 @@ def micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
 # A packed row holds C columns, C chosen per micro-batch among these multiples of its longest
 # sequence: the one that computes the fewest columns (packed rows x C), ties to the shorter row.
 # Why choose: with sdpa on a CPU the block-diagonal mask is dense, so a row's attention costs C^2
-# whatever it holds (one row for a whole micro-batch was 1.33x slower than padded rows, benchmark
-# in docs/performance.md), and no single factor fits every batch: on a synthetic batch of mixed
+# whatever it holds (one row for a whole 64-row micro-batch was 4.9x slower than padded rows,
+# docs/performance.md), and no single factor fits every batch: on a synthetic batch of mixed
 # lengths 1.5x left 9% padding where 1x left 22%, but on the demo's real batches (lengths much
 # alike) a fixed 1.5x left 26.6% against 17.4% for trimmed padded rows. Capped at 2x, so the
 # attention a row pays stays within 4x that of the longest sequence alone.
