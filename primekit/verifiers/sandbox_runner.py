@@ -329,6 +329,32 @@ def _kill_descendants(root_pid):
 def run_test(job, index, time_left, isolated):
     test = job["tests"][index]
     nonce = os.urandom(16).hex().encode()
+    (out_r, err_r, rep_r), child_fds = _child_pipes(job, test)
+    report_fd = 256 + int.from_bytes(os.urandom(2), "little") % 700
+    limit = min(time_left, job["test_timeout_s"])
+    started = time.monotonic()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        _run_child(job, test, child_fds, report_fd, nonce)  # never returns
+    # The parent, from here to the kill: nothing but closing, waiting and reading.
+    for fd in child_fds:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    outputs = _Outputs(job, out_r, err_r, rep_r)
+    exit_status, timed_out, overflow = _wait_child(pid, pidfd, outputs, started + limit)
+    overflow = outputs.drain_leftovers(overflow)
+    _kill_everything_else(isolated, os.getpid())
+    os.close(pidfd)
+    outputs.close()
+    if timed_out:
+        return {"status": "timeout", "detail": f"test exceeded {limit:.3g}s"}
+    return _verdict(job, outputs, exit_status, overflow, nonce)
+
+
+def _child_pipes(job, test):
+    """Pipes for the child's stdout, stderr and report; its stdin, a memory file holding the
+    test's input ("io") or nothing. Returns (the parent's read ends, the child's fds)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     rep_r, rep_w = os.pipe()
@@ -336,89 +362,110 @@ def run_test(job, index, time_left, isolated):
     if job["mode"] == "io":
         os.write(stdin_fd, test.encode())
         os.lseek(stdin_fd, 0, os.SEEK_SET)
-    report_fd = 256 + int.from_bytes(os.urandom(2), "little") % 700
-    limit = min(time_left, job["test_timeout_s"])
-    started = time.monotonic()
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _enter_child(job, (stdin_fd, out_w, err_w, rep_w), report_fd)
-        except BaseException as e:
-            _say("sandbox setup failed: ", e)
-            os._exit(EXIT_SANDBOX_ERROR)
-        try:
-            _child_main(job, test, report_fd, nonce)
-        finally:
-            os._exit(EXIT_TEST_FAILED)
-    for fd in (out_w, err_w, rep_w, stdin_fd):
-        os.close(fd)
-    pidfd = os.pidfd_open(pid)
-    cap, err_cap = job["output_bytes"], 2000
-    bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
-    open_fds = set(bufs)
-    # The channel that carries a test's output: stdout ("io"), the report pipe ("call").
-    output_fd = {"io": out_r, "call": rep_r}.get(job["mode"])
-    exit_status, timed_out, overflow = None, False, False
+    return (out_r, err_r, rep_r), (stdin_fd, out_w, err_w, rep_w)
 
-    def drain(fd):
+
+def _run_child(job, test, fds, report_fd, nonce):
+    """In the forked child: enter the jail, run the test, and exit; never returns."""
+    try:
+        _enter_child(job, fds, report_fd)
+    except BaseException as e:
+        _say("sandbox setup failed: ", e)
+        os._exit(EXIT_SANDBOX_ERROR)
+    try:
+        _child_main(job, test, report_fd, nonce)
+    finally:
+        os._exit(EXIT_TEST_FAILED)
+
+
+class _Outputs:
+    """The parent's read ends of the child's stdout, stderr and report pipes, and what came
+    through them (stderr: its last 2000 bytes; the judged channel: up to the cap)."""
+
+    def __init__(self, job, out_r, err_r, rep_r):
+        self.out_r, self.err_r, self.rep_r = out_r, err_r, rep_r
+        self.cap, self.err_cap = job["output_bytes"], 2000
+        self.bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
+        self.open_fds = set(self.bufs)
+        # The channel that carries a test's output: stdout ("io"), the report pipe ("call").
+        self.output_fd = {"io": out_r, "call": rep_r}.get(job["mode"])
+
+    def drain(self, fd):
         """Read one chunk; True when the output channel of an I/O test went over the cap."""
         chunk = os.read(fd, 65536)
         if not chunk:
-            open_fds.discard(fd)
+            self.open_fds.discard(fd)
             return False
-        buf = bufs[fd]
-        if fd == err_r:
+        buf, cap = self.bufs[fd], self.cap
+        if fd == self.err_r:
             buf += chunk
-            del buf[: max(0, len(buf) - err_cap)]
-        elif fd == output_fd:
+            del buf[: max(0, len(buf) - self.err_cap)]
+        elif fd == self.output_fd:
             if len(buf) + len(chunk) > cap:
                 return True
             buf += chunk
-        elif fd == out_r:  # chatty, but not judged on stdout: keep up to the cap, drop the rest
+        elif fd == self.out_r:
+            # chatty, but not judged on stdout: keep up to the cap, drop the rest
             buf += chunk[: max(0, cap - len(buf))]
         elif len(buf) < 256:  # the nonce channel of "assert"/"check"
             buf += chunk[: 256 - len(buf)]
         return False
 
+    def drain_leftovers(self, overflow):
+        """Whatever the child wrote before exiting is in the pipes now; grandchildren may keep
+        the write ends open forever, so read only what is there. Returns `overflow`, updated."""
+        for fd in list(self.open_fds):
+            while not overflow and fd in self.open_fds and select.select([fd], [], [], 0)[0]:
+                overflow = self.drain(fd)
+        return overflow
+
+    def close(self):
+        for fd in self.bufs:
+            os.close(fd)
+
+    def text(self, fd):
+        return bytes(self.bufs[fd]).decode("utf-8", "replace")
+
+    def last_error_line(self):
+        err_text = bytes(self.bufs[self.err_r][-self.err_cap :]).decode("utf-8", "replace").strip()
+        return err_text.splitlines()[-1][:300] if err_text else ""
+
+
+def _wait_child(pid, pidfd, outputs, deadline):
+    """The parent's wait: read the pipes until the child exits, its judged output goes over the
+    cap, or the deadline passes. Returns (exit_status or None, timed_out, overflow)."""
+    exit_status, timed_out, overflow = None, False, False
     while exit_status is None and not overflow:
-        remaining = started + limit - time.monotonic()
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
             break
-        readable, _, _ = select.select([*open_fds, pidfd], [], [], remaining)
+        readable, _, _ = select.select([*outputs.open_fds, pidfd], [], [], remaining)
         for fd in readable:
             if fd == pidfd:
                 _, exit_status = os.waitpid(pid, 0)
-            elif drain(fd):
+            elif outputs.drain(fd):
                 overflow = True
                 break
-    # Whatever the child wrote before exiting is in the pipes now; grandchildren may keep the
-    # write ends open forever, so read only what is there.
-    for fd in list(open_fds):
-        while not overflow and fd in open_fds and select.select([fd], [], [], 0)[0]:
-            overflow = drain(fd)
-    _kill_everything_else(isolated, os.getpid())
-    os.close(pidfd)
-    for fd in bufs:
-        os.close(fd)
-    err_text = bytes(bufs[err_r][-err_cap:]).decode("utf-8", "replace").strip()
-    last_line = err_text.splitlines()[-1][:300] if err_text else ""
-    report = bytes(bufs[rep_r])
-    if timed_out:
-        return {"status": "timeout", "detail": f"test exceeded {limit:.3g}s"}
-    if output_fd is not None:
+    return exit_status, timed_out, overflow
+
+
+def _verdict(job, outputs, exit_status, overflow, nonce):
+    """The result of a test that ended in time, from its exit status and what it wrote."""
+    last_line = outputs.last_error_line()
+    if outputs.output_fd is not None:
         # An I/O test: return what it produced; the host, which alone knows the expected
         # output, judges it ("ran" is not a pass).
-        if overflow:
-            return {"status": "failed", "detail": f"output exceeded {cap} bytes"}
+        if overflow:  # the child may still be running: no exit status
+            return {"status": "failed", "detail": f"output exceeded {outputs.cap} bytes"}
         code = os.WEXITSTATUS(exit_status) if os.WIFEXITED(exit_status) else None
-        if code == EXIT_LOAD_ERROR and job["mode"] == "call":  # "io": the exit status is the program's
+        # "io": the exit status is the program's own, not the runner's load-error code
+        if code == EXIT_LOAD_ERROR and job["mode"] == "call":
             return {"status": "load_error", "detail": last_line or "program failed to load"}
         if code != 0:
             return {"status": "failed", "detail": _describe(exit_status, last_line)}
-        output = bytes(bufs[output_fd]).decode("utf-8", "replace")
-        return {"status": "ran", "detail": "", "output": output}
+        return {"status": "ran", "detail": "", "output": outputs.text(outputs.output_fd)}
+    report = bytes(outputs.bufs[outputs.rep_r])
     if report == nonce:
         return {"status": "passed", "detail": ""}
     if report:
