@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,11 @@ def read_run(run_dir: Path) -> RunLog | None:
             try:
                 x = float(v)  # "nan"/"inf" as written by the logger
             except (TypeError, ValueError):
+                continue
+            if math.isnan(x):
+                # Undefined at this step (e.g. reward/outcome_mean_sampled on a step trained only
+                # on carried groups, which sampled nothing): absent, not a value that would turn
+                # every window mean over it into nan.
                 continue
             by_key.setdefault(k, {})[step] = x
     log = RunLog()

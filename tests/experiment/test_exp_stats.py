@@ -174,3 +174,21 @@ def test_steps_ratio_rows_from_series(tmp_path):
     assert row.estimate.value == pytest.approx(2.25) and row.estimate.lo > 1
     assert row.verdict == INCONCLUSIVE and "1 treatment run(s) never reached" in row.reason
     assert "(1 censored)" in row.detail
+
+
+def test_read_run_drops_nan_steps_so_window_means_stay_finite(tmp_path):
+    import json
+
+    from primekit.experiment.runlog import read_run
+
+    # Step 3 trained only on carried groups: its sampled reward is "nan" (nothing sampled).
+    rows = [{"step": 1, "time": 10.0, "r": 0.5, "timing/step": 1.0},
+            {"step": 2, "time": 11.0, "r": 0.7, "timing/step": 1.0},
+            {"step": 3, "time": 12.0, "r": "nan", "timing/step": 1.0},
+            {"step": 4, "time": 13.0, "r": 0.9, "timing/step": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = read_run(tmp_path)
+    steps, values = log.series["r"]
+    assert steps.tolist() == [1, 2, 4] and values.tolist() == [0.5, 0.7, 0.9]
+    # The last 2 values: (0.7 + 0.9) / 2 = 0.8, not nan.
+    assert log.final("r", 2) == pytest.approx(0.8)
