@@ -35,8 +35,8 @@ def _family_config(name: str) -> str:
     return name
 
 
-def _chain_prompt(prompt: str) -> bool:  # 6-9 operands: 5-8 operators
-    return prompt.endswith("=") and 5 <= sum(prompt.count(op) for op in "+-*") <= 8
+def _chain_prompt(prompt: str) -> bool:  # tiny-chains: 5-8 operands, 4-7 operators
+    return prompt.endswith("=") and 4 <= sum(prompt.count(op) for op in "+-*") <= 7
 
 
 def _chain_sum_prompt(prompt: str) -> bool:
@@ -48,7 +48,9 @@ def _chain_sum_prompt(prompt: str) -> bool:
 def test_sft_then_train_two_steps(config, prompt_of_family, tmp_path):
     config = _family_config(config)
     sft_dir, run_dir = tmp_path / "sft", tmp_path / "run"
-    rc = cli.main(["sft", "--config", config, f"sft.out_dir={sft_dir}", "sft.steps=2",
+    # From the tiny model itself (tiny-chains' curriculum starts from the demo's SFT model, which a
+    # fresh clone does not have): this is the family's plumbing, not its learning.
+    rc = cli.main(["sft", "--config", config, f"sft.out_dir={sft_dir}", "sft.steps=2", "sft.init=tiny",
                    "sft.batch_size=8", "sft.warmup_steps=1", "sft.threads=1",
                    "data.num_train=64", "data.num_eval=4", "train.report_to=[]"])
     assert rc == 0 and (sft_dir / "config.json").is_file()
