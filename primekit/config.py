@@ -110,6 +110,11 @@ class RolloutConfig:
     vllm_kv_cache_gib: Positive = 1
     vllm_gpu_memory_utilization: Fraction = 0.4
     vllm_max_model_len: NonNegative = 0
+    # How the policy's weights reach vLLM's worker after each update: "shared" (a shared buffer,
+    # shared memory on a CPU and CUDA IPC on a GPU, in buckets of vllm_sync_bucket_mb MiB) or
+    # "file" (a safetensors file in /dev/shm, the fallback).
+    vllm_weight_sync: Literal["shared", "file"] = "shared"
+    vllm_sync_bucket_mb: Positive = 512
 
 
 @_validated

@@ -70,6 +70,8 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
                                    kv_cache_gib=r.vllm_kv_cache_gib,
                                    gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                                    max_model_len=r.vllm_max_model_len,
+                                   weight_sync=r.vllm_weight_sync,
+                                   sync_bucket_mb=r.vllm_sync_bucket_mb,
                                    trust_remote_code=m.trust_remote_code)
     if engine is None:
         from primekit.rollout.hf import HFRolloutEngine

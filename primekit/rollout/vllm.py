@@ -7,9 +7,11 @@ it runs on a CPU and on a GPU, and what the sampling log-probs are.
 The engine runs in its own processes (vLLM's default: an engine-core process and a worker
 process), not in the trainer's: measured on the tiny model (benchmarks/rollout.py), sampling was
 5 to 20 times faster that way on a CPU, and the trainer keeps its own thread settings. A weight
-sync therefore hands the worker a file, not tensors: the policy's parameters are written as one
-safetensors file into a private directory (in /dev/shm, RAM, where it exists) and the worker
-re-loads it with vLLM's `reload_weights(weights_path=...)` (vllm_worker.py).
+sync therefore hands the worker handles, not tensors: by default (`weight_sync="shared"`) the
+policy's parameters are copied, bucket by bucket, into one shared buffer (shared memory on a CPU,
+CUDA IPC on a GPU; weight_transfer.py) that the worker loads from in place; the fallback
+(`weight_sync="file"`) writes one safetensors file into a private directory (in /dev/shm, RAM,
+where it exists) for vLLM's `reload_weights(weights_path=...)` (vllm_worker.py).
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` in the environment keeps the engine in the trainer's process
 instead (the same sync then runs in-process).
 """
@@ -19,13 +21,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from primekit.config import ConfigError
 from primekit.rollout.base import RolloutBatch, SamplingParams, check_prompt_ids
 from primekit.rollout.vllm_worker import EXTENSION
+from primekit.rollout.weight_transfer import SharedWeightSender
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -77,6 +80,10 @@ class VLLMRolloutEngine:
             both engines stop alike) are `primekit.models.hf.stop_token_ids`, which the factory
             passes (this layer does not load model files).
         trust_remote_code: passed to vLLM.
+        weight_sync: "shared" (a shared buffer, bucket by bucket: `sync_weights`) or "file"
+            (a safetensors file in RAM, the fallback).
+        sync_bucket_mb: the shared route's bucket: the most MiB one RPC carries, and the size
+            of the one buffer that carries them (a larger layer gets a bucket of its own).
     """
 
     def __init__(
@@ -91,12 +98,23 @@ class VLLMRolloutEngine:
         max_model_len: int = 0,
         eos_token_ids: list[int] | None = None,
         trust_remote_code: bool = False,
+        weight_sync: Literal["shared", "file"] = "shared",
+        sync_bucket_mb: int = 512,
     ) -> None:
+        if weight_sync not in ("shared", "file"):
+            raise ValueError(f"weight_sync must be 'shared' or 'file', got {weight_sync!r}")
+        if sync_bucket_mb <= 0:
+            raise ValueError(f"sync_bucket_mb must be positive, got {sync_bucket_mb}")
         require_vllm()
         from vllm import LLM
         from vllm.platforms import current_platform
 
         self.tokenizer = tokenizer
+        self.weight_sync = weight_sync
+        self.sync_bucket_bytes = int(sync_bucket_mb) << 20
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                      "float16": torch.float16}[dtype]
+        self._sender: SharedWeightSender | None = None  # built at the first shared sync
         if eos_token_ids is None:
             eos_token_ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         if not eos_token_ids:
@@ -122,7 +140,7 @@ class VLLMRolloutEngine:
             trust_remote_code=trust_remote_code,
             **memory,
         )
-        # Where sync_weights writes the policy for the worker to load; RAM-backed where possible.
+        # Where the file route writes the policy for the worker to load; RAM-backed if possible.
         shm = Path("/dev/shm")
         self._weights_dir = tempfile.TemporaryDirectory(
             prefix="primekit-vllm-weights-",
@@ -130,19 +148,35 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model: PreTrainedModel) -> None:
-        """Load `model`'s current parameters into the running engine (vLLM `reload_weights`).
+        """Load `model`'s current parameters into the running engine, in place.
 
-        The parameters are written, under their HF checkpoint names (a tied output embedding
-        once, as `named_parameters` lists it), to `model.safetensors` in the engine's private
-        directory, and the worker re-runs vLLM's load path on that directory: the checkpoint
-        tensors are loaded and re-processed for the backend's kernels, in place, and a tied
-        output embedding is re-processed too (`vllm_worker.WeightReload`). Only the path
-        crosses to the worker process. The prefix cache is emptied after: its KV blocks were
-        computed with the old weights. vLLM's `model.load_weights` is not usable after start-up
-        on a CPU (its linear layers are repacked for the CPU kernels and lose their weight
-        loaders), and `reload_weights(weights_iterator=...)` cannot cross the process boundary
-        (its tensors arrive as lists).
+        The parameters go under their HF checkpoint names (a tied output embedding once, as
+        `named_parameters` lists it), by the engine's `weight_sync` route:
+        - "shared": bucket by bucket through one shared buffer (`SharedWeightSender`, cast to
+          the engine's dtype on the way in); one `primekit_load_bucket` RPC per bucket has the
+          worker load it straight from the buffer, the buckets of a sync forming one vLLM
+          in-place reload. Only handles and slot tables cross the process boundary.
+        - "file": written as `model.safetensors` into the engine's private directory, which the
+          worker re-loads (`primekit_reload_weights`); only the path crosses.
+        Either way vLLM re-processes the loaded tensors for its kernels, a tied output
+        embedding included (`vllm_worker.WeightReload`), and the prefix cache is emptied after:
+        its KV blocks were computed with the old weights. vLLM's `model.load_weights` alone is
+        not usable after start-up on a CPU (its linear layers are repacked for the CPU kernels
+        and lose their weight loaders), and tensors passed as RPC arguments arrive as lists.
         """
+        if self.weight_sync == "shared":
+            if self._sender is None or self._sender.bucket_bytes != self.sync_bucket_bytes:
+                self._sender = SharedWeightSender(model, self.sync_bucket_bytes, self.dtype)
+            self._sender.send(model, lambda message, first, last: self.llm.collective_rpc(
+                "primekit_load_bucket", args=(message, first, last)))
+        else:
+            self._sync_through_file(model)
+        # The prefix cache holds KV blocks computed with the old weights: a prompt (or a sample's
+        # prefix) of a full block seen before the sync would reuse them.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync")
+
+    def _sync_through_file(self, model: PreTrainedModel) -> None:
         from safetensors.torch import save_file
 
         tensors = {name: p.detach().contiguous().cpu() for name, p in model.named_parameters()}
@@ -151,16 +185,13 @@ class VLLMRolloutEngine:
         save_file(tensors, str(partial))
         partial.replace(directory / "model.safetensors")
         self.llm.collective_rpc("primekit_reload_weights", args=(str(directory),))
-        # The prefix cache holds KV blocks computed with the old weights: a prompt (or a sample's
-        # prefix) of a full block seen before the sync would reuse them.
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync")
 
     def close(self) -> None:
         """Stop the engine's processes and remove the weights directory now (both also happen
         when the process exits)."""
         self.llm.llm_engine.engine_core.shutdown()
         self._weights_dir.cleanup()
+        self._sender = None  # the shared buffer goes with it
 
     # ------------------------------------------------------------------ sampling
     def generate(

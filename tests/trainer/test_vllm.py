@@ -178,8 +178,16 @@ def test_sampling_is_seeded_and_its_logprobs_match_the_trainers(engine, policy, 
 
 @pytest.mark.slow
 @needs_vllm
+@pytest.mark.parametrize("route, bucket_mb", [
+    ("shared", 512),  # the default: the tiny model's 4 MB in one bucket
+    # 6 buckets, 6 RPCs: the embedding, each of the 4 decoder layers (1 MiB, over the bucket
+    # size: a layer is never split, weight_transfer.plan_buckets) and the final norm.
+    ("shared", 0.25),
+    ("file", 512),
+])
 def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
-        engine, policy, tokenizer, prompts):
+        engine, policy, tokenizer, prompts, route, bucket_mb):
+    engine.weight_sync, engine.sync_bucket_bytes = route, int(bucket_mb * 2**20)
     updated = copy.deepcopy(policy).train()
     # One large Adam step on the NLL of other answers: enough to change greedy outputs.
     texts = ["1+1=7", "2*3=99", "9-4=0"]
@@ -198,7 +206,8 @@ def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
     try:
         start = time.perf_counter()
         engine.sync_weights(updated)
-        print(f"\nvLLM weight sync: {1000 * (time.perf_counter() - start):.0f} ms")
+        print(f"\nvLLM weight sync ({route}, {bucket_mb} MiB buckets): "
+              f"{1000 * (time.perf_counter() - start):.0f} ms")
         v = engine.generate(prompts, GREEDY)
         assert torch.equal(v.response_ids, after.response_ids)
         assert v.responses == after.responses
@@ -209,6 +218,7 @@ def test_after_an_update_and_a_sync_vllm_greedy_equals_the_updated_policy(
         assert diff < LOGPROB_MAX_ABS_DIFF_BOUND, diff
     finally:
         engine.sync_weights(policy)  # the module's engine serves the other tests too
+        engine.weight_sync, engine.sync_bucket_bytes = "shared", 512 << 20
     assert engine.generate(prompts, GREEDY).responses == before.responses
 
 
