@@ -24,10 +24,9 @@ Run with a python that has both primekit and trl (TRL is not a dependency):
     /tmp/trl-venv/bin/python benchmarks/vs_trl.py --policy runs/demo/sft [--repeats 5] [--forced]
 Without trl the script says so and exits 0 (skipped).
 
-Measured with TRL 1.16.0 from a 200-step SFT model (the demo's was not written yet), 1 thread, on
-the 2-core machine shared with seven other engineers' jobs (load average about 18): stopping at
-EOS (responses of about 19 tokens) primekit 2.028 s (1.606-2.542) vs TRL 2.040 s (1.839-2.297),
-n 7: 0.99x; `--forced` primekit 4.130 s (3.833-4.625) vs TRL 4.568 s (4.129-4.738), n 5: 0.90x.
+Measured with TRL 1.16.0 from the demo's SFT model, 1 thread, 2-core machine with its background
+jobs stopped (2026-12-01, docs/performance.md): stopping at EOS primekit 0.771 s vs TRL 1.001 s
+(medians, n 7): 0.771x; `--forced` 1.716 s vs 1.688 s: 1.017x (the same matrix products).
 The 0.67x target is not met.
 """
 
