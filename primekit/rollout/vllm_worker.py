@@ -109,7 +109,9 @@ class WeightReload:
         key = tuple(handle)
         cached = getattr(self, "_primekit_opened", None)
         if cached is None or cached[0] != key:
-            self._primekit_opened = (key, open_buffer(list(handle)))
+            device = getattr(self, "device", None)  # the worker's own index of its GPU
+            index = device.index if getattr(device, "type", None) == "cuda" else None
+            self._primekit_opened = (key, open_buffer(list(handle), cuda_device=index))
         return self._primekit_opened[1]
 
 

@@ -136,8 +136,12 @@ def shared_buffer(nbytes: int, device: torch.device) -> tuple[torch.Tensor, list
     return buffer, handle
 
 
-def open_buffer(handle: list) -> torch.Tensor:
-    """The buffer behind `shared_buffer`'s handle, opened in this (another) process."""
+def open_buffer(handle: list, cuda_device: int | None = None) -> torch.Tensor:
+    """The buffer behind `shared_buffer`'s handle, opened in this (another) process.
+
+    `cuda_device`: this process's index of the trainer's GPU, where it differs from the
+    trainer's (another CUDA_VISIBLE_DEVICES); the IPC handle only opens on that same device.
+    """
     kind, *args = handle
     if kind == "cpu":
         manager, name, size = args
@@ -148,6 +152,8 @@ def open_buffer(handle: list) -> torch.Tensor:
         args[1] = bytes(args[1])  # the IPC handle
         args[4] = bytes(args[4])  # the ref-counter handle
         args[6] = bytes(args[6])  # the event handle
+        if cuda_device is not None:
+            args[0] = cuda_device
         storage = torch.UntypedStorage._new_shared_cuda(*args)
         device = torch.device("cuda", int(args[0]))
     else:
