@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -157,16 +158,23 @@ class VLLMRolloutEngine:
           worker load it straight from the buffer, the buckets of a sync forming one vLLM
           in-place reload. Only handles and slot tables cross the process boundary.
         - "file": written as `model.safetensors` into the engine's private directory, which the
-          worker re-loads (`primekit_reload_weights`); only the path crosses.
+          worker re-loads (`primekit_reload_weights`); only the path crosses. The shared route
+          falls back to this one, with a warning, where no shared buffer can be made.
         Either way vLLM re-processes the loaded tensors for its kernels, a tied output
         embedding included (`vllm_worker.WeightReload`), and the prefix cache is emptied after:
         its KV blocks were computed with the old weights. vLLM's `model.load_weights` alone is
         not usable after start-up on a CPU (its linear layers are repacked for the CPU kernels
         and lose their weight loaders), and tensors passed as RPC arguments arrive as lists.
         """
-        if self.weight_sync == "shared":
-            if self._sender is None or self._sender.bucket_bytes != self.sync_bucket_bytes:
+        if self.weight_sync == "shared" and (
+                self._sender is None or self._sender.bucket_bytes != self.sync_bucket_bytes):
+            try:
                 self._sender = SharedWeightSender(model, self.sync_bucket_bytes, self.dtype)
+            except (RuntimeError, OSError) as e:  # no shm manager, /dev/shm full, ...
+                warnings.warn(f"rollout.vllm_weight_sync=shared: no shared buffer ({e}); "
+                              f"syncing through a file instead", RuntimeWarning, stacklevel=2)
+                self.weight_sync = "file"
+        if self.weight_sync == "shared":
             self._sender.send(model, lambda message, first, last: self.llm.collective_rpc(
                 "primekit_load_bucket", args=(message, first, last)))
         else:

@@ -129,3 +129,64 @@ def test_cuda_ipc_route_reads_every_parameter_exactly(receiver):
     got = {name: v for *_, read in sender.send(model, receiver) for name, v in read.items()}
     for name, p in model.named_parameters():
         assert torch.equal(torch.tensor(got[name][1]), p.detach().to(BF16).float().cpu()), name
+
+
+class _FakeLLM:
+    """Records the RPCs `VLLMRolloutEngine.sync_weights` makes (no vLLM here)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def collective_rpc(self, method, args=()):
+        if method == "primekit_load_bucket":
+            message, first, last = args
+            buffer = open_buffer(message["handle"])  # read now, as the worker does
+            args = ({name: t.clone() for name, t in read_bucket(buffer, message)}, first, last)
+        self.calls.append((method, args))
+        return [0]
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache", ()))
+        return True
+
+
+def _engine(weight_sync: str, bucket_bytes: int):
+    import tempfile
+
+    from primekit.rollout.vllm import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # without starting vLLM
+    engine.llm, engine.weight_sync, engine.sync_bucket_bytes = _FakeLLM(), weight_sync, bucket_bytes
+    engine.dtype, engine._sender = torch.float32, None
+    engine._weights_dir = tempfile.TemporaryDirectory()
+    return engine
+
+
+def test_engine_sync_sends_one_rpc_per_bucket_then_resets_the_prefix_cache():
+    model, engine = _Tiny(), _engine("shared", 256)
+    engine.sync_weights(model)
+    methods = [m for m, _ in engine.llm.calls]
+    assert methods == ["primekit_load_bucket"] * 5 + ["reset_prefix_cache"]  # FP32_BUCKETS
+    flags = [(a[1], a[2]) for m, a in engine.llm.calls if m == "primekit_load_bucket"]
+    assert flags == [(True, False)] + [(False, False)] * 3 + [(False, True)]
+    got = {k: v for m, a in engine.llm.calls if m == "primekit_load_bucket" for k, v in a[0].items()}
+    assert all(torch.equal(got[n], p.detach()) for n, p in model.named_parameters())
+
+
+def test_engine_falls_back_to_the_file_route_when_no_shared_buffer_can_be_made(monkeypatch):
+    import primekit.rollout.vllm as vllm_engine
+
+    def no_shm(*args, **kwargs):
+        raise RuntimeError("unable to open shared memory object")
+
+    monkeypatch.setattr(vllm_engine, "SharedWeightSender", no_shm)
+    engine = _engine("shared", 256)
+    with pytest.warns(RuntimeWarning, match="no shared buffer .*unable to open shared memory"):
+        engine.sync_weights(_Tiny())
+    assert engine.weight_sync == "file"
+    (method, (directory,)), reset = engine.llm.calls
+    assert method == "primekit_reload_weights" and reset[0] == "reset_prefix_cache"
+    from safetensors.torch import load_file
+
+    saved = load_file(f"{directory}/model.safetensors")
+    assert sorted(saved) == sorted(name for name, _ in _Tiny().named_parameters())
