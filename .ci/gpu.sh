@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU tier in one short run, on a machine with a CUDA device (CI has none): bf16 PRIME step on
 # the device, the NCCL path (one rank on one GPU; two ranks through torchrun when there are two
-# GPUs), and the memory plan against torch.cuda's measured peak. -s prints the measured figures.
+# GPUs), the memory plan against torch.cuda's measured peak, and the weight sync's CUDA IPC route
+# (another process reading the trainer's parameters out of a GPU buffer). -s prints the figures.
 # Run from an environment where primekit and a CUDA build of torch are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
-python -m pytest -m gpu -s -q -p no:cacheprovider tests/trainer/test_gpu.py
+python -m pytest -m gpu -s -q -p no:cacheprovider tests/trainer/test_gpu.py \
+    tests/rollout/test_weight_transfer.py
