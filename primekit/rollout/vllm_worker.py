@@ -50,7 +50,7 @@ class WeightReload:
         single call: the first bucket starts vLLM's layerwise reload (each layer is
         re-processed for its kernels once all its tensors are in), the last one finishes it,
         re-processes the tied layers as `primekit_reload_weights` does, and checks that every
-        parameter of the engine's model was loaded. The buffer must not change until this
+        parameter of the engine's (unquantized) model was loaded. The buffer must not change until this
         returns: on a GPU it waits for its copies before returning.
         """
         import torch
@@ -96,8 +96,10 @@ class WeightReload:
         # What vLLM's own reload_weights does after loading (gpu_model_runner.reload_weights).
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             getattr(self.model_runner, reset, lambda: None)()
+        # vLLM's own reload checks the same way, and skips quantized models (their parameters
+        # are not checkpoint tensors one for one).
         missing = {name for name, _ in model.named_parameters()} - self._primekit_loaded
-        if missing:
+        if missing and self.vllm_config.model_config.quantization is None:
             raise RuntimeError(f"weight sync left {len(missing)} parameters of the engine's "
                                f"model unloaded (kept their old values): {sorted(missing)[:5]}")
         return len(tied)
