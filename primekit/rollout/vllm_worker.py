@@ -43,15 +43,16 @@ class WeightReload:
         return len(tied)
 
     def primekit_load_bucket(self, message: dict, first: bool, last: bool) -> int:
-        """Load one bucket of a sync from the trainer's shared buffer (no copy until vLLM's
-        own loaders); returns the number of tied layers re-processed (at the last bucket).
+        """Load one bucket of a sync from the trainer's shared buffer; returns the number of
+        tied layers re-processed (at the last bucket).
 
         The buckets of one sync form one in-place reload, as `reload_weights` does it in a
         single call: the first bucket starts vLLM's layerwise reload (each layer is
         re-processed for its kernels once all its tensors are in), the last one finishes it,
         re-processes the tied layers as `primekit_reload_weights` does, and checks that every
-        parameter of the engine's (unquantized) model was loaded. The buffer must not change until this
-        returns: on a GPU it waits for its copies before returning.
+        parameter of the engine's (unquantized) model was loaded. The last bucket is read
+        straight from the buffer, the others through copies (below). The buffer must not
+        change until this returns: on a GPU it waits for its copies before returning.
         """
         import torch
         from vllm.config import set_current_vllm_config
