@@ -7,7 +7,6 @@ Kept free of heavy imports: the worker imports this module at start-up.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 EXTENSION = "primekit.rollout.vllm_worker.WeightReload"
 # The vLLM module that logs a layer reloaded without a tensor of its own.
@@ -137,9 +136,9 @@ def _expected_unloaded(model) -> set[str]:
     and the rotary embeddings (their cos/sin cache comes from the config, and vLLM puts it back
     as it was). Expected for those; any other layer still warns.
     """
-    names: Iterable[str] = (type(m).__name__ for m in model.modules())
     return ({type(m).__name__ for m in _tied_layers(model)}
-            | {n for n in names if n.endswith("RotaryEmbedding")})
+            | {type(m).__name__ for m in model.modules()
+               if type(m).__name__.endswith("RotaryEmbedding")})
 
 
 class _DropReloadWarning(logging.Filter):

@@ -14,7 +14,8 @@ transfer costs one bucket of memory rather than a second copy of the model. Hand
 tables are plain bytes, strings and ints: vLLM's RPC encoding (msgpack) carries them, where it
 cannot carry tensors (they arrive as lists).
 
-This module imports only torch; the worker side (`open_bucket`) runs in vLLM's worker process.
+This module imports only torch; its worker side (`open_buffer`, `read_bucket`) runs in vLLM's
+worker process.
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ from typing import Any
 import torch
 
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
-
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-    torch.int8, torch.uint8, torch.bool)}
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -113,7 +109,7 @@ def plan_buckets(tensors: list[tuple[str, torch.dtype, tuple[int, ...]]],
 def slot_view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
     """The tensor that `slot` describes, as a view into the flat uint8 `buffer` ([bytes])."""
     flat = buffer[slot.offset: slot.offset + slot.nbytes]  # [nbytes] uint8
-    return flat.view(_DTYPES[slot.dtype]).view(slot.shape)
+    return flat.view(getattr(torch, slot.dtype)).view(slot.shape)
 
 
 def shared_buffer(nbytes: int, device: torch.device) -> tuple[torch.Tensor, list]:
@@ -193,7 +189,6 @@ class SharedWeightSender:
         self.bucket_bytes = bucket_bytes
         self.buckets = plan_buckets(
             [(name, dtype or p.dtype, tuple(p.shape)) for name, p in params], bucket_bytes)
-        self.nbytes = sum(s.nbytes for b in self.buckets for s in b.slots)
         self.buffer, self.handle = shared_buffer(max(b.nbytes for b in self.buckets),
                                                  self.device)
 
