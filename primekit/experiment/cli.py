@@ -21,6 +21,9 @@ def add_subcommand(sub) -> None:
                    help="start at most this many unfinished runs, then report (a piece)")
     p.add_argument("--report-only", action="store_true",
                    help="write report.md and plots from the finished runs; start nothing")
+    p.add_argument("--no-share", action="store_true",
+                   help="train every run here, even one another experiment beside --out has "
+                   "already finished with the same config and seed (default: link to it)")
     p.add_argument("--no-plots", action="store_true", help="report.md without the PNG plots")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
@@ -61,7 +64,7 @@ def run(args, main=None) -> int:
                         f"primekit experiment {args.spec}" + (f" --out {out}" if args.out else ""))
     if not args.report_only:
         result = run_experiment(spec, out, parallel=args.parallel, in_process=main if args.in_process else None,
-                                max_runs=args.max_runs)
+                                max_runs=args.max_runs, share=not args.no_share)
         failed = [k for k, v in result.items() if v != FINISHED]
     report = write_report(spec, out, plots=not args.no_plots)
     console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)

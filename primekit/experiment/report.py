@@ -192,10 +192,17 @@ def _attempts_line(out_dir: Path) -> str:
             rows.append(json.loads(line))
         except ValueError:
             continue
+    shared = [r for r in rows if r.get("how") == "shared"]
+    rows = [r for r in rows if r.get("how") != "shared"]
     total = sum(float(r.get("seconds", 0)) for r in rows)
     failed = sum(1 for r in rows if r.get("rc") != 0)
-    return (f"; all {len(rows)} attempts in attempts.jsonl (SFT, start-up, export, failed and "
+    text = (f"; all {len(rows)} attempts in attempts.jsonl (SFT, start-up, export, failed and "
             f"stopped attempts included, {failed} with a non-zero exit): {_fmt_wall(total)}")
+    if shared:
+        origins = sorted({Path(r.get("from", "?")).parent.parent.name for r in shared})
+        text += (f". {len(shared)} run(s) not trained here but linked to the same run (same "
+                 f"config and seed) finished by another experiment: {', '.join(origins)}")
+    return text
 
 
 def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:

@@ -26,6 +26,18 @@ again to continue. If the experiment process is killed outright, each run gets t
 the kernel (Linux: PR_SET_PDEATHSIG), so no orphaned run keeps its run directory locked. `in_process=main` calls the given CLI entry (`primekit.cli.main`, handed in by
 the caller: this package does not import the CLI that imports it) in this process instead: no
 isolation and no parallel runs; the tests use it to skip a ~10 s Python start per run.
+
+Shared runs. Many specs have an arm that is the base config itself (PRIME with the tiny config at
+100 steps is the `single` arm of forward-and-reference, the `sum` arm of hacking-remedies-implicit,
+the `sft-init` arm of prm-init, ...). Before starting a run from nothing, the runner looks for a
+finished run in the other experiment directories beside `out_dir` (`<out_dir>/../*/runs/*`) whose
+stored config is the same in every field but where it lives and how it was run
+(`NOT_THE_RUN`: run directory, threads, checkpoint cadence, loggers, verifier workers) and is
+finished at the same `train.steps`; if it finds one, `runs/<run id>` becomes a symbolic link to
+it (one `"how": "shared"` line in attempts.jsonl) and nothing is trained. Configs written by
+another primekit version (another set of fields) are never matched. A shared run that this spec
+wants continued (a larger `train.steps`) is first copied, so the other experiment's run is never
+changed. `share=False` (`--no-share`) turns this off: every run is trained here.
 """
 
 from __future__ import annotations
@@ -93,6 +105,52 @@ def run_state(run_dir: Path, cfg: Config) -> str:
         return RESUME
     contents = [p for p in run_dir.iterdir() if p.name != ".lock"] if run_dir.is_dir() else []
     return RESTART if contents else FRESH
+
+
+# Config fields that say where a run lives and how it was executed, not what it computes or reports.
+NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_every",
+               "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers")
+
+
+def same_run(saved: dict, cfg: Config) -> bool:
+    """Whether a stored config (`trainer_state.json`) describes the run `cfg` asks for: the same
+    set of fields (a config from another primekit version never matches) and the same value in
+    each, up to `NOT_THE_RUN`."""
+    from primekit.trainer.rundir import _flatten
+
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(cfg.to_dict())))
+    if set(old) != set(new):
+        return False
+    return all(old[k] == new[k] for k in old if not k.startswith(NOT_THE_RUN))
+
+
+def find_shared(cfg: Config, out_dir: Path) -> Path | None:
+    """A finished run of another experiment beside `out_dir` that is this run (`same_run`), or
+    None. Only real directories are candidates (never another experiment's link)."""
+    here = out_dir.resolve()
+    for exp in sorted(p for p in out_dir.resolve().parent.iterdir() if p.is_dir()):
+        if exp == here or not (exp / "runs").is_dir():
+            continue
+        for cand in sorted((exp / "runs").iterdir()):
+            if cand.is_symlink() or not cand.is_dir():
+                continue
+            step, saved = _checkpoint_step(cand)
+            if (step == cfg.train.steps and saved is not None and same_run(saved, cfg)
+                    and run_state(cand, cfg) == FINISHED):
+                return cand
+    return None
+
+
+def _unshare(run_dir: Path) -> None:
+    """A linked run this experiment must change: replace the link by a copy of what it points
+    at (a dangling link by nothing)."""
+    target = run_dir.resolve()
+    run_dir.unlink()
+    if target.is_dir():
+        tmp = run_dir.with_name(run_dir.name + ".copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(target, tmp, symlinks=True)
+        tmp.rename(run_dir)
 
 
 def check_finished_config(run: Run, cfg: Config) -> None:
@@ -231,12 +289,13 @@ def threads_per_run(parallel: int, cores: int | None = None) -> int | None:
 
 
 def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: InProcess = None,
-                   max_runs: int | None = None,
+                   max_runs: int | None = None, share: bool = True,
                    on_launch: Callable[[Launch], None] | None = None) -> dict[str, str]:
     """Run what is left of `spec` in `out_dir`; returns run id -> FINISHED or "failed (rc N)".
 
-    `max_runs` stops after starting that many runs (a piece of a long experiment); `on_launch`
-    is called with each launch before it starts (the tests count launches with it)."""
+    `max_runs` stops after starting that many runs (a piece of a long experiment); `share` links
+    runs that another experiment beside `out_dir` already finished (module docstring);
+    `on_launch` is called with each launch before it starts (the tests count launches with it)."""
     from primekit.trainer.rundir import lock
 
     if in_process is not None and parallel > 1:
@@ -249,7 +308,13 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         _run_sft(spec, out_dir, in_process, on_launch)
         runs = spec.runs(out_dir)
         configs = {r.run_id: r.config(spec) for r in runs}
+        for r in runs:
+            if r.run_dir.is_symlink() and (not r.run_dir.exists() or run_state(
+                    r.run_dir, configs[r.run_id]) != FINISHED):
+                _unshare(r.run_dir)
         states = {r.run_id: run_state(r.run_dir, configs[r.run_id]) for r in runs}
+        if share:
+            _share(out_dir, runs, configs, states)
         for r in runs:
             if states[r.run_id] == FINISHED:
                 check_finished_config(r, configs[r.run_id])
@@ -267,6 +332,26 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         finally:
             display.close()
         return result
+
+
+def _share(out_dir: Path, runs: list[Run], configs: dict[str, Config],
+           states: dict[str, str]) -> None:
+    """Link each run not yet started to the same run finished by another experiment."""
+    for r in runs:
+        if states[r.run_id] != FRESH:
+            continue
+        found = find_shared(configs[r.run_id], out_dir)
+        if found is None:
+            continue
+        if r.run_dir.is_dir():  # FRESH: at most an empty directory (or a stale .lock)
+            shutil.rmtree(r.run_dir)
+        r.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        r.run_dir.symlink_to(os.path.relpath(found, r.run_dir.parent.resolve()))
+        states[r.run_id] = FINISHED
+        row = {"run": r.run_id, "how": "shared", "rc": 0, "seconds": 0.0,
+               "from": str(found), "end": round(time.time(), 1)}
+        with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _run_sft(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> None:

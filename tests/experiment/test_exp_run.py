@@ -157,3 +157,59 @@ def test_subprocess_runs_side_by_side(tiny_model_dir, tmp_path):
     log = (out / "logs" / "default--prime--s0.log").read_text()
     assert "train.threads=" in log.splitlines()[1]  # the header names the launched command
     assert (out / "report.md").is_file()
+
+
+def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
+    # Experiment `a` trains prime and rloo; experiment `b` has the same prime run (a different
+    # checkpoint cadence and thread count do not make it another run) and a new arm: only the new
+    # arm is trained, prime is a link to a's run. Raising b's train.steps copies the link before
+    # continuing it, so a's run never changes; --no-share trains everything.
+    exps = tmp_path / "exps"
+    spec_a = load_spec(write_spec(tmp_path / "a.yaml", tiny_model_dir, seeds=[0]))
+    run_experiment(spec_a, exps / "a", in_process=main)
+    a_prime = exps / "a" / "runs" / "default--prime--s0"
+    a_metrics = (a_prime / "metrics.jsonl").read_bytes()
+
+    def spec_b(**over):
+        path = write_spec(tmp_path / "b.yaml", tiny_model_dir, seeds=[0],
+                          arms={"prime": {"algorithm.reward_mode": "prime",
+                                          "train.save_every": 1},
+                                "beta": {"prm.beta": 0.1}},
+                          verdict={"rule": "difference", "metric": "reward/outcome_mean_sampled",
+                                   "compare": [["beta", "prime"]]})
+        text = yaml.safe_load(path.read_text())
+        text["overrides"].update(over)
+        path.write_text(yaml.safe_dump(text))
+        return load_spec(path)
+
+    launches = []
+    result = run_experiment(spec_b(), exps / "b", in_process=main,
+                            on_launch=lambda x: launches.append(x.name))
+    assert launches == ["default--beta--s0"]
+    assert result == {"default--prime--s0": FINISHED, "default--beta--s0": FINISHED}
+    b_prime = exps / "b" / "runs" / "default--prime--s0"
+    assert b_prime.is_symlink() and b_prime.resolve() == a_prime.resolve()
+    shared = [json.loads(x) for x in (exps / "b" / "attempts.jsonl").read_text().splitlines()
+              if '"shared"' in x]
+    assert [(s["run"], s["rc"]) for s in shared] == [("default--prime--s0", 0)]
+    text = write_report(spec_b(), exps / "b", plots=False).read_text()
+    assert "Runs finished: 2 of 2" in text
+    assert "1 run(s) not trained here but linked to the same run" in text and ": a" in text
+    # a's own runs are never links to b's (b's beta run differs from everything in a).
+    run_experiment(spec_a, exps / "a", in_process=main, on_launch=lambda x: launches.append(1))
+    assert launches == ["default--beta--s0"]
+
+    # b continues to 3 steps: its prime run becomes a copy, resumed; a's run is untouched.
+    launches.clear()
+    run_experiment(spec_b(**{"train.steps": 3}), exps / "b", in_process=main,
+                   on_launch=lambda x: launches.append((x.name, x.how)))
+    assert sorted(launches) == [("default--beta--s0", "resume"), ("default--prime--s0", "resume")]
+    assert not b_prime.is_symlink()
+    assert (a_prime / "metrics.jsonl").read_bytes() == a_metrics
+    assert not (exps / "b" / "runs" / "default--prime--s0.copying").exists()
+
+    # --no-share: a third experiment trains its own copy of a's prime run.
+    launches.clear()
+    run_experiment(spec_b(), exps / "c", in_process=main, share=False,
+                   on_launch=lambda x: launches.append(x.name))
+    assert sorted(launches) == ["default--beta--s0", "default--prime--s0"]
