@@ -106,4 +106,54 @@ def plot_all(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) -
             fig.savefig(path, dpi=90)
             written.append(path)
         plt.close(fig)
+    if spec.grid is not None:
+        written += plot_grid(spec, logs, out)
+    return written
+
+
+def plot_grid(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) -> list[Path]:
+    """One heatmap PNG per map metric (`map_<metric>.png`), a panel per task family: each cell's
+    mean (or difference from the map's baseline, on a colour scale centred at 0), its value
+    written in the cell, with * where the difference's 95% interval excludes 0."""
+    import matplotlib.pyplot as plt
+
+    from primekit.experiment.report import grid_values
+
+    grid = spec.grid
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for metric in grid.metrics:
+        tasks = list(spec.tasks)
+        fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.8), squeeze=False)
+        drew, any_relative = False, False
+        for ax, task in zip(axes[0], tasks):
+            xs, ys, cells, relative = grid_values(spec, logs, task, metric)
+            any_relative = any_relative or relative
+            z = np.full((len(ys), len(xs)), np.nan)
+            for (i, j), c in cells.items():
+                z[i, j] = c.value
+            if relative:
+                m = float(np.nanmax(np.abs(z))) or 1.0
+                im = ax.imshow(z, cmap="RdBu", vmin=-m, vmax=m, origin="lower")
+            else:
+                im = ax.imshow(z, cmap="viridis", origin="lower")
+            for (i, j), c in cells.items():
+                text = (f"{c.value:+.3f}" + ("*" if c.excludes(0.0) else "")) if relative else (
+                    f"{c.value:.3f}")
+                ax.text(j, i, text, ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+            ax.set_yticks(range(len(ys)), [str(y) for y in ys])
+            ax.set_xlabel(grid.x)
+            ax.set_ylabel(grid.y)
+            ax.set_title(task + (f" (minus {grid.baseline})" if relative else ""))
+            fig.colorbar(im, ax=ax, shrink=0.8)
+            drew = drew or bool(cells)
+        if drew:
+            fig.suptitle(f"{spec.name}: {metric}" + (" (* 95% interval excludes 0)"
+                                                      if any_relative else ""))
+            fig.tight_layout()
+            path = out / f"map_{metric.replace('/', '_').replace('@', 'at')}.png"
+            fig.savefig(path, dpi=90)
+            written.append(path)
+        plt.close(fig)
     return written

@@ -154,6 +154,68 @@ def _rows(spec: Spec, v: Verdict, logs: dict[tuple[str, str], list[RunLog]]) -> 
     return rows
 
 
+def grid_values(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], task: str,
+                metric: str) -> tuple[list, list, dict[tuple[int, int], stats.Interval], bool]:
+    """The spec's map for one task family and metric: (x values, y values, (i_y, i_x) -> cell,
+    relative). A cell is the mapped arm's final `metric` over its finished seeds (t-interval)
+    or, with a map baseline that logs the metric (`relative`), its difference from the
+    baseline's (Welch interval); a metric the baseline does not log (hack/dense_success_corr of
+    outcome-only RLOO) is shown as is. Cells without finished runs are absent."""
+    grid = spec.grid
+    cells = grid.cells(spec.arms)
+    xs = sorted({x for x, _ in cells.values()}, key=_sort_key)
+    ys = sorted({y for _, y in cells.values()}, key=_sort_key)
+
+    def finals(arm: str) -> list[float]:
+        return [x for g in logs.get((task, arm), []) if (x := g.final(metric, spec.window))
+                is not None and math.isfinite(x)]
+
+    base = finals(grid.baseline) if grid.baseline is not None else []
+    out = {}
+    for arm, (x, y) in cells.items():
+        vals = finals(arm)
+        if vals:
+            out[(ys.index(y), xs.index(x))] = (stats.welch_interval(vals, base) if base
+                                               else stats.t_interval(vals))
+    return xs, ys, out, bool(base)
+
+
+def _sort_key(v) -> tuple:
+    return (0, v, "") if isinstance(v, int | float) and not isinstance(v, bool) else (1, 0, str(v))
+
+
+def grid_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[str]:
+    """The report's map section: one table per (metric, task family), rows y, columns x."""
+    grid = spec.grid
+    if grid is None:
+        return []
+    what = (f"its difference from `{grid.baseline}` (Welch 95% interval; **bold**: the "
+            f"interval excludes 0), or, for a metric `{grid.baseline}` does not log, the value "
+            f"itself (mean [95% t-interval] over seeds)" if grid.baseline is not None
+            else "mean [95% t-interval] over seeds")
+    lines = [f"## Map: `{grid.y}` x `{grid.x}`", "",
+             f"Each cell is the arm with those two values: its final value, {what}. Per-step "
+             f"metrics: mean over the last {spec.window} steps.", ""]
+    for metric in grid.metrics:
+        for task in spec.tasks:
+            xs, ys, cells, relative = grid_values(spec, logs, task, metric)
+            vs = f" - `{grid.baseline}`" if relative else ""
+            lines += [f"### `{metric}`{vs}, {task}", "",
+                      f"| {grid.y} \\ {grid.x} | " + " | ".join(map(str, xs)) + " |",
+                      "|---|" + "---|" * len(xs)]
+            for i, y in enumerate(ys):
+                row = []
+                for j in range(len(xs)):
+                    c = cells.get((i, j))
+                    text = "-" if c is None else c.fmt()
+                    if c is not None and relative and c.excludes(0.0):
+                        text = f"**{text}**"
+                    row.append(text)
+                lines.append(f"| {y} | " + " | ".join(row) + " |")
+            lines.append("")
+    return lines
+
+
 def collect(spec: Spec, out_dir: Path) -> tuple[dict[tuple[str, str], list[RunLog]],
                                                 list[Run], list[Run]]:
     """(task, arm) -> the finished runs' logs; the finished runs; the unfinished ones."""
@@ -268,6 +330,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
                 cells.append(stats.t_interval(vals).fmt() if vals else "-")
             lines.append(f"| {arm} | {len(gs)} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += grid_lines(spec, logs)
     if figures:
         lines += ["## Plots", "",
                   "Each arm's mean over seeds with its 95% t-interval band (per-step metrics "

@@ -20,6 +20,11 @@ A spec is a YAML file:
       compare: [[prime, rloo]]                # [treatment, baseline] pairs
       ...                                     # see Verdict
     budget: 60 steps x 32 prompts x 4 samples, eval on 200 problems
+    map:                                      # optional: arms on a two-parameter grid
+      x: prm.lr                               # override fields the mapped arms set
+      y: prm.beta
+      metrics: [eval/pass@1_greedy]           # one table and heatmap each
+      baseline: rloo                          # optional: cells as differences from this arm
 
 Overrides are a mapping of dotted config fields to values, or a list of `field=value` strings;
 `{task}` in a value is replaced by the task family's name (a model trained per task family).
@@ -94,6 +99,36 @@ class Verdict:
 
 
 @dataclass
+class Grid:
+    """Spec key `map`: the arms that set both override fields `x` and `y` placed on a grid (one
+    arm per cell), each cell the arm's final value of each of `metrics` (mean over seeds, 95%
+    t-interval), or with `baseline` its difference from that arm (Welch 95% interval). The
+    danger-zone spec maps (beta, PRM lr) this way."""
+
+    x: str
+    y: str
+    metrics: list[str]
+    baseline: str | None = None
+
+    def cells(self, arms: dict[str, list[str]]) -> dict[str, tuple[Any, Any]]:
+        """Mapped arm -> (its x value, its y value), in the arms' order; values parsed back from
+        the override text (JSON, else YAML), so numbers sort as numbers."""
+        out = {}
+        for arm, ovr in arms.items():
+            values = dict(o.split("=", 1) for o in ovr)
+            if self.x in values and self.y in values:
+                out[arm] = (_parse_value(values[self.x]), _parse_value(values[self.y]))
+        return out
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)  # "1e-05" is a number to JSON, a string to YAML 1.1
+    except ValueError:
+        return yaml.safe_load(text)
+
+
+@dataclass
 class Spec:
     name: str
     claim: str
@@ -106,6 +141,7 @@ class Spec:
     tasks: dict[str, list[str]] = field(default_factory=lambda: {"default": []})
     sft: list[str] | None = None
     budget: str = ""
+    grid: Grid | None = None  # spec key `map`
     path: Path | None = None  # the file it was read from
 
     @property
@@ -155,7 +191,8 @@ def sft_dir(out_dir: Path, task: str) -> Path:
     return out_dir / "sft" / task
 
 
-_KEYS = {f.name for f in dataclasses.fields(Spec)} - {"path", "verdicts"} | {"verdict"}
+_KEYS = {f.name for f in dataclasses.fields(Spec)} - {"path", "verdicts", "grid"} | {"verdict",
+                                                                                   "map"}
 _REQUIRED = ("name", "claim", "base", "arms", "seeds", "verdict")
 _VERDICT_KEYS = {f.name for f in dataclasses.fields(Verdict)}
 
@@ -258,7 +295,8 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
         overrides=_overrides(data.get("overrides"), "overrides", err), tasks=tasks,
         sft=None if sft is None or sft is False else _overrides(sft if sft is not True else {},
                                                                 "sft", err),
-        budget=str(data.get("budget") or "").strip(), path=path)
+        budget=str(data.get("budget") or "").strip(), path=path,
+        grid=_grid(data["map"], arm_ovr, err) if data.get("map") is not None else None)
     try:
         spec.base_path()
     except ConfigError as e:
@@ -315,6 +353,42 @@ def _verdict(raw: Any, where: str, arms: dict[str, list[str]], err) -> Verdict:
         raise err(f"{where}.direction: steps-ratio is baseline steps / treatment steps; the "
                   f"claim that the treatment is faster is direction 'greater'")
     return v
+
+
+def _grid(raw: Any, arms: dict[str, list[str]], err) -> Grid:
+    if not isinstance(raw, dict):
+        raise err(f"map: expected a mapping with x, y and metrics, got {raw!r}")
+    valid = {f.name for f in dataclasses.fields(Grid)}
+    unknown = sorted(set(raw) - valid)
+    if unknown:
+        raise err(f"map.{unknown[0]}: unknown key; valid: {sorted(valid)}")
+    for key in ("x", "y", "metrics"):
+        if key not in raw:
+            raise err(f"map: missing key {key!r}")
+    grid = Grid(**raw)
+    for key in ("x", "y"):
+        value = getattr(grid, key)
+        if not isinstance(value, str) or "." not in value:
+            raise err(f"map.{key}: expected a section.field the arms override, got {value!r}")
+    if grid.x == grid.y:
+        raise err(f"map: x and y are the same field {grid.x!r}")
+    if (not isinstance(grid.metrics, list) or not grid.metrics
+            or not all(isinstance(m, str) and "/" in m for m in grid.metrics)):
+        raise err(f"map.metrics: expected a list of metric keys like eval/pass@1_greedy, "
+                  f"got {grid.metrics!r}")
+    if grid.baseline is not None and grid.baseline not in arms:
+        raise err(f"map.baseline: {grid.baseline!r} is not an arm; arms: {list(arms)}")
+    cells = grid.cells(arms)
+    if len(cells) < 2:
+        raise err(f"map: fewer than two arms set both {grid.x} and {grid.y}")
+    seen: dict[tuple[str, str], str] = {}
+    for arm, xy in cells.items():
+        key = (repr(xy[0]), repr(xy[1]))
+        if key in seen:
+            raise err(f"map: arms {seen[key]!r} and {arm!r} are the same cell {grid.x}="
+                      f"{xy[0]!r}, {grid.y}={xy[1]!r}")
+        seen[key] = arm
+    return grid
 
 
 def _check_runs(spec: Spec, err) -> None:

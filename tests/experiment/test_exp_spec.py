@@ -69,6 +69,17 @@ def test_a_good_spec_expands_into_tasks_x_seeds_x_arms(tmp_path):
                    "rule": "ratio"}]},
      "verdict[1].rule: 'ratio' is not one of ['steps-ratio', 'difference', 'equivalence']"),
     ({"base": "tinyy"}, "base: --config: 'tinyy' is neither a file nor a packaged config"),
+    ({"map": {"x": "prm.lr", "y": "prm.beta"}}, "map: missing key 'metrics'"),
+    ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["eval/pass@1_greedy"]}},
+     "map: fewer than two arms set both prm.lr and prm.beta"),
+    ({"map": {"x": "lr", "y": "prm.beta", "metrics": ["m/x"]}}, "map.x: expected a section.field"),
+    ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["acc"]}}, "map.metrics: expected a list"),
+    ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["m/x"], "baseline": "ppo"}},
+     "map.baseline: 'ppo' is not an arm"),
+    ({"arms": {"p": {"prm.lr": 0.001, "prm.beta": 0.1}, "q": {"prm.lr": 0.001, "prm.beta": 0.1}},
+      "verdict": {"metric": "m/x", "compare": [["p", "q"]]},
+      "map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["m/x"]}},
+     "map: arms 'p' and 'q' are the same cell prm.lr=0.001, prm.beta=0.1"),
 ])
 def test_spec_errors_are_one_line_naming_the_key(tmp_path, changes, message):
     path = write(tmp_path, **changes)

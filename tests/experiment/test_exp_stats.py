@@ -192,3 +192,60 @@ def test_read_run_drops_nan_steps_so_window_means_stay_finite(tmp_path):
     assert steps.tolist() == [1, 2, 4] and values.tolist() == [0.5, 0.7, 0.9]
     # The last 2 values: (0.7 + 0.9) / 2 = 0.8, not nan.
     assert log.final("r", 2) == pytest.approx(0.8)
+
+
+def test_map_of_two_override_fields_by_hand(tmp_path):
+    # Three arms on a (prm.beta, prm.lr) grid and an outcome-only baseline; cells are differences
+    # from the baseline with Welch 95% intervals (docs/experiments/README.md, map).
+    import yaml
+
+    from primekit.experiment.plots import plot_grid
+    from primekit.experiment.report import grid_lines, grid_values
+    from primekit.experiment.runlog import RunLog
+    from primekit.experiment.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "claim": "c", "base": "tiny", "seeds": 3,
+        "tasks": {"arith": {}},
+        "arms": {"rloo": {"algorithm.reward_mode": "outcome"},
+                 "a": {"prm.beta": 0.1, "prm.lr": 1.0e-3},
+                 "b": {"prm.beta": 0.1, "prm.lr": 1.0e-4},
+                 "c": {"prm.beta": 0.5, "prm.lr": 1.0e-4}},
+        "verdict": {"metric": "eval/pass@1_greedy", "compare": [["a", "rloo"]]},
+        "map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["eval/pass@1_greedy"],
+                "baseline": "rloo"}}))
+    spec = load_spec(path)
+
+    def logs(values):
+        return [RunLog(series={"eval/pass@1_greedy": (np.array([10]), np.array([v]))})
+                for v in values]
+
+    runs = {("arith", "rloo"): logs([0.5, 0.5, 0.5]), ("arith", "a"): logs([0.6, 0.7, 0.8]),
+            ("arith", "b"): logs([0.5, 0.6, 0.4]), ("arith", "c"): logs([0.3, 0.31, 0.29])}
+    xs, ys, cells, relative = grid_values(spec, runs, "arith", "eval/pass@1_greedy")
+    assert relative
+    assert xs == [1.0e-4, 1.0e-3] and ys == [0.1, 0.5]  # numbers, sorted (1e-05 is no string)
+    assert set(cells) == {(0, 0), (0, 1), (1, 0)}  # beta 0.5 x lr 1e-3 has no arm
+    a, b, c = cells[(0, 1)], cells[(0, 0)], cells[(1, 0)]
+    # a: mean 0.7 - 0.5 = 0.2; s_a = 0.1, baseline without spread, so se = 0.1 / sqrt(3) =
+    # 0.05774 with n_a - 1 = 2 degrees of freedom, t = 4.303: 0.2 +- 0.2484.
+    assert a.value == pytest.approx(0.2)
+    assert (a.lo, a.hi) == (pytest.approx(0.2 - 0.2484, abs=1e-3), pytest.approx(0.4484, abs=1e-3))
+    assert b.value == pytest.approx(0.0) and not b.excludes(0.0)
+    # c: -0.2, s = 0.01, se = 0.005774, +- 0.02484: excludes 0.
+    assert c.value == pytest.approx(-0.2) and c.hi == pytest.approx(-0.2 + 0.02484, abs=1e-4)
+    text = "\n".join(grid_lines(spec, runs))
+    assert "## Map: `prm.beta` x `prm.lr`" in text
+    assert "| prm.beta \\ prm.lr | 0.0001 | 0.001 |" in text
+    assert "| 0.5 | **-0.200 [-0.225, -0.175]** | - |" in text
+    assert "| 0.1 | 0.000 [" in text and "0.200 [-0.048, 0.448] |" in text
+    # A metric the baseline does not log (as RLOO has no dense return) is mapped as is.
+    for arm, v in (("a", 0.4), ("b", 0.1), ("c", -0.2)):
+        for g in runs[("arith", arm)]:
+            g.series["hack/dense_success_corr"] = (np.array([10]), np.array([v]))
+    _, _, cells, relative = grid_values(spec, runs, "arith", "hack/dense_success_corr")
+    assert not relative and cells[(1, 0)].value == pytest.approx(-0.2)
+    (png,) = plot_grid(spec, runs, tmp_path / "plots")
+    assert png.name == "map_eval_pass@1_greedy.png".replace("@", "at")
+    assert png.read_bytes()[:4] == b"\x89PNG"
