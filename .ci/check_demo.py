@@ -1,4 +1,4 @@
-"""Check a `primekit demo` run against the band measured over seeds and CPUs (README).
+"""Check a `primekit demo` run against the band measured over seeds and CPUs (docs/demo.md).
 
 Usage: python .ci/check_demo.py RUN_DIR [RUN_DIR ...] [--rl RL_DIR SFT_RUN_DIR ...]
 
