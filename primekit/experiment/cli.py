@@ -12,7 +12,8 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser("experiment", help="a named comparison (arms x seeds x task families) of "
                        "primekit train runs, resumable, with report.md, plots and a verdict")
     p.add_argument("spec", nargs="?", help="spec YAML file or packaged spec name (see --list)")
-    p.add_argument("--list", action="store_true", help="the packaged specs and their claims")
+    p.add_argument("--list", action="store_true",
+                   help="the packaged specs, their claims and how many runs have finished")
     p.add_argument("--out", default=None,
                    help="experiment directory (default: runs/experiments/<spec name>)")
     p.add_argument("--parallel", type=int, default=1,
@@ -29,7 +30,9 @@ def add_subcommand(sub) -> None:
 
 
 def list_specs() -> list[str]:
-    """One line per packaged spec: name, arms x seeds x tasks, the claim and the paper's figure."""
+    """One line per packaged spec: name, the claim, the paper's figure, arms x seeds x tasks, and
+    how many runs have finished in its default directory (runs/experiments/<name>, from here)."""
+    from primekit.experiment.runner import default_out_dir, progress
     from primekit.experiment.spec import load_spec, packaged_specs
 
     lines = []
@@ -37,8 +40,10 @@ def list_specs() -> list[str]:
         s = load_spec(name, check_runs=False)
         n = len(s.arms) * len(s.seeds) * len(s.tasks)
         paper = f" [{s.paper}]" if s.paper else ""
+        out = default_out_dir(s)
+        done = f"; {progress(s, out)[0]} finished in {out}" if (out / "runs").is_dir() else ""
         lines.append(f"{name}: {s.claim}{paper} ({len(s.arms)} arms x {len(s.seeds)} seeds x "
-                     f"{len(s.tasks)} tasks = {n} runs)")
+                     f"{len(s.tasks)} tasks = {n} runs{done})")
     return lines
 
 

@@ -153,6 +153,14 @@ def _unshare(run_dir: Path) -> None:
         tmp.rename(run_dir)
 
 
+def progress(spec: Spec, out_dir: Path) -> tuple[int, int]:
+    """(finished runs, all runs) of `spec` in `out_dir` (links to shared runs count)."""
+    runs = spec.runs(out_dir)
+    done = sum(run_state(r.run_dir, r.config(spec)) == FINISHED for r in runs
+               if r.run_dir.exists())
+    return done, len(runs)
+
+
 def check_finished_config(run: Run, cfg: Config) -> None:
     """A finished run must have been trained with this spec's config for it (up to the fields a
     resume may change): a run left by an edited spec is refused, not silently reused."""

@@ -12,7 +12,7 @@ import yaml
 
 from primekit.cli import main
 from primekit.experiment.report import write_report
-from primekit.experiment.runner import FINISHED, RESUME, run_experiment, run_state
+from primekit.experiment.runner import FINISHED, RESUME, progress, run_experiment, run_state
 from primekit.experiment.spec import SpecError, load_spec
 
 SMALL = {
@@ -187,6 +187,7 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
                             on_launch=lambda x: launches.append(x.name))
     assert launches == ["default--beta--s0"]
     assert result == {"default--prime--s0": FINISHED, "default--beta--s0": FINISHED}
+    assert progress(spec_b(), exps / "b") == (2, 2)
     b_prime = exps / "b" / "runs" / "default--prime--s0"
     assert b_prime.is_symlink() and b_prime.resolve() == a_prime.resolve()
     shared = [json.loads(x) for x in (exps / "b" / "attempts.jsonl").read_text().splitlines()
