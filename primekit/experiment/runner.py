@@ -34,8 +34,8 @@ finished run in the other experiment directories beside `out_dir` (`<out_dir>/..
 stored config is the same in every field but where it lives and how it was run
 (`NOT_THE_RUN`: run directory, threads, checkpoint cadence, loggers, verifier workers) and is
 finished at the same `train.steps`; if it finds one, `runs/<run id>` becomes a symbolic link to
-it (one `"how": "shared"` line in attempts.jsonl) and nothing is trained. Configs written by
-another primekit version (another set of fields) are never matched. A shared run that this spec
+it (one `"how": "shared"` line in attempts.jsonl) and nothing is trained. A run from an older
+primekit matches only if every field added since is at its default (`same_run`). A shared run that this spec
 wants continued (a larger `train.steps`) is first copied, so the other experiment's run is never
 changed. `share=False` (`--no-share`) turns this off: every run is trained here.
 """
@@ -114,14 +114,24 @@ NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_
 
 def same_run(saved: dict, cfg: Config) -> bool:
     """Whether a stored config (`trainer_state.json`) describes the run `cfg` asks for: the same
-    set of fields (a config from another primekit version never matches) and the same value in
-    each, up to `NOT_THE_RUN`."""
+    value in every field, up to `NOT_THE_RUN`. A field the stored config lacks (added to primekit
+    after that run) matches only at its default, the behaviour the run had before the field
+    existed; a stored field primekit no longer has never matches."""
     from primekit.trainer.rundir import _flatten
 
     old, new = _flatten(saved), _flatten(json.loads(json.dumps(cfg.to_dict())))
-    if set(old) != set(new):
+    if set(old) - set(new):
         return False
-    return all(old[k] == new[k] for k in old if not k.startswith(NOT_THE_RUN))
+    defaults = _flatten(json.loads(json.dumps(Config().to_dict())))
+    for k, value in new.items():
+        if k.startswith(NOT_THE_RUN):
+            continue
+        if k in old:
+            if old[k] != value:
+                return False
+        elif k not in defaults or defaults[k] != value:
+            return False
+    return True
 
 
 def find_shared(cfg: Config, out_dir: Path) -> Path | None:

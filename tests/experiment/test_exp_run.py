@@ -214,3 +214,30 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
     run_experiment(spec_b(), exps / "c", in_process=main, share=False,
                    on_launch=lambda x: launches.append(x.name))
     assert sorted(launches) == ["default--beta--s0", "default--prime--s0"]
+
+
+def test_same_run_across_primekit_versions():
+    # A stored config is the run asked for when every field agrees up to where and how it ran; a
+    # field added to primekit since (absent from the stored config) only at its default.
+    import copy
+
+    from primekit.config import load_config, resolve_config
+    from primekit.experiment.runner import same_run
+
+    tiny = resolve_config("tiny")
+    cfg = load_config(tiny, ["train.steps=100", "train.seed=1"])
+    saved = json.loads(json.dumps(cfg.to_dict()))
+    assert same_run(saved, cfg)
+    moved = load_config(tiny, ["train.steps=100", "train.seed=1", "train.run_dir=elsewhere",
+                                 "train.threads=1", "train.save_every=7"])
+    assert same_run(saved, moved)  # where and how it ran are not the run
+    assert not same_run(saved, load_config(tiny, ["train.steps=100", "train.seed=2"]))
+    older = copy.deepcopy(saved)
+    del older["algorithm"]["credit"]  # a run from before algorithm.credit existed
+    assert cfg.algorithm.credit == "sum"  # the default: what that run did
+    assert same_run(older, cfg)
+    assert not same_run(older, load_config(tiny, ["train.steps=100", "train.seed=1",
+                                                    "algorithm.credit=min"]))
+    gone = copy.deepcopy(saved)
+    gone["algorithm"]["retired_switch"] = True  # a field primekit no longer has
+    assert not same_run(gone, cfg)
