@@ -260,6 +260,9 @@ def _attempts_line(out_dir: Path) -> str:
     failed = sum(1 for r in rows if r.get("rc") != 0)
     text = (f"; all {len(rows)} attempts in attempts.jsonl (SFT, start-up, export, failed and "
             f"stopped attempts included, {failed} with a non-zero exit): {_fmt_wall(total)}")
+    machines = sorted({r["machine"] for r in rows if r.get("machine")})
+    if machines:
+        text += f"; on {' and '.join(machines)}"
     if shared:
         origins = sorted({Path(r.get("from", "?")).parent.parent.name for r in shared})
         text += (f". {len(shared)} run(s) not trained here but linked to the same run (same "

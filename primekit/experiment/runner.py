@@ -395,9 +395,25 @@ def _run_sft(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> Non
             raise SpecError(f"sft for task {task} failed (exit status {rc}); see {launch.log}")
 
 
+def machine() -> str:
+    """This machine in a few words for the report: CPU model (Linux /proc/cpuinfo) and cores."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
 def _record(out_dir: Path, launch: Launch, rc: int) -> None:
     row = {"run": launch.name, "how": launch.how, "rc": rc,
-           "seconds": round(time.time() - launch.start, 1), "end": round(time.time(), 1)}
+           "seconds": round(time.time() - launch.start, 1), "end": round(time.time(), 1),
+           "machine": machine()}
     with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 

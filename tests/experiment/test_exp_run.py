@@ -83,12 +83,14 @@ def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
     assert launches == []
     attempts = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
     assert [a["rc"] for a in attempts] == [0, 0, 0, 0]
+    assert all(a["machine"].endswith(" cores") for a in attempts)  # where each attempt ran
 
     report = write_report(spec, out)
     text = report.read_text()
     assert "**Verdict: inconclusive at this budget.**" in text
     assert "only 2 finished seed(s) in an arm (need 3)" in text
     assert "Runs finished: 4 of 4" in text
+    assert f"; on {attempts[0]['machine']}" in text
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
     for name in ("train_reward.png", "train_reward_wall.png", "eval_greedy.png",
                  "prm_abs.png", "response_len.png"):
