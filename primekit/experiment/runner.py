@@ -31,13 +31,14 @@ Shared runs. Many specs have an arm that is the base config itself (PRIME with t
 100 steps is the `single` arm of forward-and-reference, the `sum` arm of hacking-remedies-implicit,
 the `sft-init` arm of prm-init, ...). Before starting a run from nothing, the runner looks for a
 finished run in the other experiment directories beside `out_dir` (`<out_dir>/../*/runs/*`) whose
-stored config is the same in every field but where it lives and how it was run
-(`NOT_THE_RUN`: run directory, threads, checkpoint cadence, loggers, verifier workers) and is
-finished at the same `train.steps`; if it finds one, `runs/<run id>` becomes a symbolic link to
-it (one `"how": "shared"` line in attempts.jsonl) and nothing is trained. A run from an older
-primekit matches only if every field added since is at its default (`same_run`). A shared run that this spec
-wants continued (a larger `train.steps`) is first copied, so the other experiment's run is never
-changed. `share=False` (`--no-share`) turns this off: every run is trained here.
+stored config is the same in every field but where it lives and how it was run (`NOT_THE_RUN`:
+run directory, threads, checkpoint cadence, loggers, verifier workers), that finished at the same
+`train.steps` and that logs the metrics this spec's verdicts read of it. If it finds one,
+`runs/<run id>` becomes a symbolic link to it (one `"how": "shared"` line in attempts.jsonl) and
+nothing is trained. A run from an older primekit matches only if every field added since is at
+its default (`same_run`). A shared run that this spec wants continued (a larger `train.steps`)
+is first copied, so the other experiment's run is never changed. `share=False` (`--no-share`)
+turns this off: every run is trained here.
 """
 
 from __future__ import annotations
@@ -134,9 +135,18 @@ def same_run(saved: dict, cfg: Config) -> bool:
     return True
 
 
-def find_shared(cfg: Config, out_dir: Path) -> Path | None:
-    """A finished run of another experiment beside `out_dir` that is this run (`same_run`), or
-    None. Only real directories are candidates (never another experiment's link)."""
+def _logged_keys(run_dir: Path) -> set[str]:
+    from primekit.experiment.runlog import read_run
+
+    log = read_run(run_dir)
+    return set(log.series) if log is not None else set()
+
+
+def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset()) -> Path | None:
+    """A finished run of another experiment beside `out_dir` that is this run (`same_run`) and
+    logs every metric in `needs` (what this spec's verdicts read of it: a run trained before a
+    metric existed is not linked), or None. Only real directories are candidates (never another
+    experiment's link)."""
     here = out_dir.resolve()
     for exp in sorted(p for p in out_dir.resolve().parent.iterdir() if p.is_dir()):
         if exp == here or not (exp / "runs").is_dir():
@@ -146,7 +156,7 @@ def find_shared(cfg: Config, out_dir: Path) -> Path | None:
                 continue
             step, saved = _checkpoint_step(cand)
             if (step == cfg.train.steps and saved is not None and same_run(saved, cfg)
-                    and run_state(cand, cfg) == FINISHED):
+                    and run_state(cand, cfg) == FINISHED and needs <= _logged_keys(cand)):
                 return cand
     return None
 
@@ -332,7 +342,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
                 _unshare(r.run_dir)
         states = {r.run_id: run_state(r.run_dir, configs[r.run_id]) for r in runs}
         if share:
-            _share(out_dir, runs, configs, states)
+            _share(spec, out_dir, runs, configs, states)
         for r in runs:
             if states[r.run_id] == FINISHED:
                 check_finished_config(r, configs[r.run_id])
@@ -352,13 +362,15 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         return result
 
 
-def _share(out_dir: Path, runs: list[Run], configs: dict[str, Config],
+def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],
            states: dict[str, str]) -> None:
     """Link each run not yet started to the same run finished by another experiment."""
     for r in runs:
         if states[r.run_id] != FRESH:
             continue
-        found = find_shared(configs[r.run_id], out_dir)
+        needs = frozenset(v.metric for v in spec.verdicts
+                          if any(r.arm in pair for pair in v.compare))
+        found = find_shared(configs[r.run_id], out_dir, needs)
         if found is None:
             continue
         if r.run_dir.is_dir():  # FRESH: at most an empty directory (or a stale .lock)

@@ -156,7 +156,7 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
     metrics = {"sampled_tokens": sampled_tokens,
                **_global_collect_metrics(torch.cat(sampled_scores) if sampled_scores
                                          else torch.zeros(0), all_verdicts, groups_passed,
-                                         groups_seen, rounds),
+                                         groups_seen, rounds, need * K),
                "filter/carried_in": carried_all, "filter/carried_out": out_all,
                "filter/carry_dropped": dropped_all, "filter/sampled_tokens": sampled_all,
                "filter/batch_tokens": trained_all}
@@ -194,18 +194,27 @@ def consistency_select(exp: Experience, drop: int) -> tuple[Experience, dict[str
 
 
 def _global_collect_metrics(scores: torch.Tensor, verdicts: list[Verdict], groups_kept: int,
-                            groups_seen: int, rounds: int) -> dict[str, float]:
+                            groups_seen: int, rounds: int, fixed: int) -> dict[str, float]:
     """The collect phase's reward/, filter/ and verify/ metrics over the rollouts of every rank
     (sums and counts all-reduced, rounds the most any rank needed), as one process with all the
-    rollouts would report them; at world size 1 the local values."""
+    rollouts would report them; at world size 1 the local values.
+
+    `fixed` (the batch's rows on this rank): reward/outcome_mean_fixed is the mean over the first
+    `fixed` samples of the step, the same number whatever the filter does, so that its noise can
+    be compared between runs that sample different amounts; NaN when a rank sampled fewer."""
     stats = verdict_stats(verdicts)
     rates = sorted(k for k in stats if k != "verify/retries")  # shares of the verdicts
     n = float(len(verdicts))
+    head = scores[:fixed]  # [fixed] the step's first samples, in the order sampled
     packed = torch.tensor([float(len(scores)), float(scores.sum()), float(groups_kept),
-                           float(groups_seen), stats["verify/retries"]]
+                           float(groups_seen), stats["verify/retries"], float(head.sum()),
+                           float(len(head) < fixed)]
                           + [stats[k] * n for k in rates] + [n], dtype=torch.float64)
-    count, total, kept, seen, retries, *rate_sums, n_all = dist.all_reduce_sum(packed).tolist()
+    (count, total, kept, seen, retries, head_total, short, *rate_sums,
+     n_all) = dist.all_reduce_sum(packed).tolist()
     out = {"reward/outcome_mean_sampled": total / count if count else float("nan"),
+           "reward/outcome_mean_fixed": (head_total / (fixed * dist.world_size())
+                                         if not short and fixed else float("nan")),
            "filter/keep_rate": kept / max(seen, 1.0), "verify/retries": retries,
            "filter/rounds": float(dist.all_reduce_max(torch.tensor(float(rounds))))}
     out.update({k: v / n_all if n_all else 0.0 for k, v in zip(rates, rate_sums)})

@@ -211,6 +211,16 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
     assert (a_prime / "metrics.jsonl").read_bytes() == a_metrics
     assert not (exps / "b" / "runs" / "default--prime--s0.copying").exists()
 
+    # A run that does not log a metric the spec's verdicts read of it (trained before the metric
+    # existed) is not linked: here a verdict on a key no run logs.
+    launches.clear()
+    path = write_spec(tmp_path / "d.yaml", tiny_model_dir, seeds=[0],
+                      verdict={"rule": "difference", "metric": "reward/never_logged",
+                               "compare": [["prime", "rloo"]]})
+    run_experiment(load_spec(path), exps / "d", in_process=main,
+                   on_launch=lambda x: launches.append(x.name))
+    assert launches == ["default--prime--s0", "default--rloo--s0"]
+
     # --no-share: a third experiment trains its own copy of a's prime run.
     launches.clear()
     run_experiment(spec_b(), exps / "c", in_process=main, share=False,

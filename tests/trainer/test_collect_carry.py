@@ -65,6 +65,10 @@ def test_surplus_groups_are_carried_and_rounds_follow_the_pass_rate():
     assert (m["filter/carried_in"], m["filter/carried_out"], m["filter/carry_dropped"]) == (0, 1, 0)
     # Response tokens (3 per row, all real): 4 groups x 2 x 3 sampled, 2 groups x 2 x 3 trained.
     assert (m["filter/sampled_tokens"], m["filter/batch_tokens"]) == (24, 12)
+    # The fixed-size training reward: the step's first need x K = 4 samples, those of g0 (PASS:
+    # 1, 0) and g1 (FAIL: 1, 1): 3 / 4, whatever was sampled after them; over all 8 samples
+    # (g2 and g3 pass: 1, 0 each) the mean is 5 / 8.
+    assert m["reward/outcome_mean_fixed"] == 0.75 and m["reward/outcome_mean_sampled"] == 5 / 8
 
     # Step 2: g3 comes first (one update old, age 1); 1 missing; pass rate 3/4 over every step
     # so far: ceil(1 / 0.75) = 2 prompts; the first (g4) is taken, the second fails.
@@ -93,6 +97,7 @@ def test_carry_is_bounded_in_size_and_age():
     exp, m = _collect(Rounds([]), carry, need=1)
     assert exp.batch.responses == ["g2", "g2"] and exp.age.tolist() == [1, 1]
     assert m["filter/rounds"] == 0 and m["filter/sampled_tokens"] == 0
+    assert m["reward/outcome_mean_fixed"] != m["reward/outcome_mean_fixed"]  # NaN: no samples
     assert m["filter/carried_in"] == 1 and [g.batch.responses[0] for g in carry.groups] == ["g3"]
     # Next step g3 would be two updates old (> max_age 1): dropped. The pass rate is now
     # (1 + 4) / (4 + 4): ceil(1 / 0.625) = 2 fresh prompts; g4 passes and trains.
