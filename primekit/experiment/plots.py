@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from primekit.experiment import stats
+from primekit.experiment.grid import grid_values
 from primekit.experiment.runlog import TRAIN_SECONDS, RunLog, match_keys
 from primekit.experiment.spec import Spec
 
@@ -116,8 +117,6 @@ def plot_grid(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) 
     mean (or difference from the map's baseline, on a colour scale centred at 0), its value
     written in the cell, with * where the difference's 95% interval excludes 0."""
     import matplotlib.pyplot as plt
-
-    from primekit.experiment.report import grid_values
 
     grid = spec.grid
     out.mkdir(parents=True, exist_ok=True)

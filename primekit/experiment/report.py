@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from primekit.experiment import stats
+from primekit.experiment.grid import grid_values
 from primekit.experiment.runlog import TRAIN_SECONDS, RunLog, match_keys, read_run
 from primekit.experiment.spec import MIN_SEEDS, Run, Spec, Verdict
 
@@ -152,36 +153,6 @@ def _rows(spec: Spec, v: Verdict, logs: dict[tuple[str, str], list[RunLog]]) -> 
                             f"{v.rule} of `{v.metric}`" + (" (noise)" if v.statistic == "noise"
                                                             else "")))
     return rows
-
-
-def grid_values(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], task: str,
-                metric: str) -> tuple[list, list, dict[tuple[int, int], stats.Interval], bool]:
-    """The spec's map for one task family and metric: (x values, y values, (i_y, i_x) -> cell,
-    relative). A cell is the mapped arm's final `metric` over its finished seeds (t-interval)
-    or, with a map baseline that logs the metric (`relative`), its difference from the
-    baseline's (Welch interval); a metric the baseline does not log (hack/dense_success_corr of
-    outcome-only RLOO) is shown as is. Cells without finished runs are absent."""
-    grid = spec.grid
-    cells = grid.cells(spec.arms)
-    xs = sorted({x for x, _ in cells.values()}, key=_sort_key)
-    ys = sorted({y for _, y in cells.values()}, key=_sort_key)
-
-    def finals(arm: str) -> list[float]:
-        return [x for g in logs.get((task, arm), []) if (x := g.final(metric, spec.window))
-                is not None and math.isfinite(x)]
-
-    base = finals(grid.baseline) if grid.baseline is not None else []
-    out = {}
-    for arm, (x, y) in cells.items():
-        vals = finals(arm)
-        if vals:
-            out[(ys.index(y), xs.index(x))] = (stats.welch_interval(vals, base) if base
-                                               else stats.t_interval(vals))
-    return xs, ys, out, bool(base)
-
-
-def _sort_key(v) -> tuple:
-    return (0, v, "") if isinstance(v, int | float) and not isinstance(v, bool) else (1, 0, str(v))
 
 
 def grid_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[str]:

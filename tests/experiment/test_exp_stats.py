@@ -199,8 +199,9 @@ def test_map_of_two_override_fields_by_hand(tmp_path):
     # from the baseline with Welch 95% intervals (docs/experiments/README.md, map).
     import yaml
 
+    from primekit.experiment.grid import grid_values
     from primekit.experiment.plots import plot_grid
-    from primekit.experiment.report import grid_lines, grid_values
+    from primekit.experiment.report import grid_lines
     from primekit.experiment.runlog import RunLog
     from primekit.experiment.spec import load_spec
 
