@@ -3,6 +3,7 @@
 Layout of an experiment directory (default `runs/experiments/<spec name>`):
 
     spec.yaml                 the spec as it was last run (a copy)
+    logs/prepare-<i>.log      the spec's `prepare` commands (models the runs need), if any ran
     .lock                     held while an experiment process runs here (a second is refused)
     sft/<task>/               the SFT model of each task family (spec key `sft`), if any
     runs/<task>--<arm>--s<seed>/   one ordinary run directory each (metrics.jsonl, checkpoints/,
@@ -333,6 +334,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         copy = out_dir / "spec.yaml"
         if spec.path is not None and not (copy.exists() and copy.samefile(spec.path)):
             shutil.copyfile(spec.path, copy)
+        _run_prepare(spec, out_dir, in_process, on_launch)
         _run_sft(spec, out_dir, in_process, on_launch)
         runs = spec.runs(out_dir)
         configs = {r.run_id: r.config(spec) for r in runs}
@@ -382,6 +384,28 @@ def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config
                "from": str(found), "end": round(time.time(), 1)}
         with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _run_prepare(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> None:
+    """The spec's `prepare` commands, in order, each only while what it creates is missing."""
+    for i, step in enumerate(spec.prepare):
+        if step.done():
+            continue
+        launch = Launch(f"prepare-{i}", list(step.run), out_dir / "logs" / f"prepare-{i}.log",
+                        "prepare")
+        if on_launch is not None:
+            on_launch(launch)
+        console.print(f"experiment: prepare {step.creates}: primekit {' '.join(step.run)}",
+                      markup=False, soft_wrap=True)
+        _start(launch, in_process)
+        rc = launch.rc if in_process is not None else launch.proc.wait()
+        _record(out_dir, launch, rc)
+        if rc != 0:
+            raise SpecError(f"prepare[{i}]: primekit {' '.join(step.run)} failed (exit status "
+                            f"{rc}); see {launch.log}")
+        if not step.done():
+            raise SpecError(f"prepare[{i}]: primekit {' '.join(step.run)} exited 0 but did not "
+                            f"create {step.creates}")
 
 
 def _run_sft(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> None:

@@ -8,6 +8,8 @@ A spec is a YAML file:
     base: tiny                                # packaged config name or YAML path
     overrides: {train.steps: 60}              # every run
     sft: {sft.steps: 1000}                    # optional: one `primekit sft` per task family
+    prepare:                                  # optional: what the runs need, made once, in order
+      - {creates: runs/demo/sft, run: "sft --config tiny"}
     tasks:                                    # task families: name -> overrides
       arith-2-4: {data.min_operands: 2, data.max_operands: 4}
     arms:                                     # arm name -> overrides
@@ -98,6 +100,25 @@ class Verdict:
             self.boundary = {"steps-ratio": 1.0, "equivalence": 0.02}.get(self.rule, 0.0)
 
 
+# The commands a `prepare` step may run: the ones that make a model the runs read.
+PREPARE_COMMANDS = ("sft", "train", "train-prm", "train-orm")
+
+
+@dataclass
+class Prepare:
+    """Spec key `prepare`: one `primekit <run>` command that makes a path the runs need (an SFT
+    model, a second SFT model for a separate PRM, a step PRM, a trained PRM), run before the
+    runs, in the listed order, only while `creates` does not exist (or is empty). Paths are
+    relative to the directory primekit runs in, like the runs' own model paths."""
+
+    creates: str
+    run: list[str]  # primekit CLI arguments
+
+    def done(self) -> bool:
+        path = Path(self.creates)
+        return path.is_file() or (path.is_dir() and any(path.iterdir()))
+
+
 @dataclass
 class Grid:
     """Spec key `map`: the arms that set both override fields `x` and `y` placed on a grid (one
@@ -142,6 +163,7 @@ class Spec:
     sft: list[str] | None = None
     budget: str = ""
     grid: Grid | None = None  # spec key `map`
+    prepare: list[Prepare] = field(default_factory=list)
     path: Path | None = None  # the file it was read from
 
     @property
@@ -296,7 +318,8 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
         sft=None if sft is None or sft is False else _overrides(sft if sft is not True else {},
                                                                 "sft", err),
         budget=str(data.get("budget") or "").strip(), path=path,
-        grid=_grid(data["map"], arm_ovr, err) if data.get("map") is not None else None)
+        grid=_grid(data["map"], arm_ovr, err) if data.get("map") is not None else None,
+        prepare=_prepare(data.get("prepare"), err))
     try:
         spec.base_path()
     except ConfigError as e:
@@ -353,6 +376,36 @@ def _verdict(raw: Any, where: str, arms: dict[str, list[str]], err) -> Verdict:
         raise err(f"{where}.direction: steps-ratio is baseline steps / treatment steps; the "
                   f"claim that the treatment is faster is direction 'greater'")
     return v
+
+
+def _prepare(raw: Any, err) -> list[Prepare]:
+    import shlex
+
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise err(f"prepare: expected a list of {{creates: PATH, run: COMMAND}}, got {raw!r}")
+    steps = []
+    for i, item in enumerate(raw):
+        where = f"prepare[{i}]"
+        if not isinstance(item, dict) or set(item) != {"creates", "run"}:
+            raise err(f"{where}: expected a mapping with exactly the keys creates and run, "
+                      f"got {item!r}")
+        creates, run = item["creates"], item["run"]
+        if not isinstance(creates, str) or not creates.strip():
+            raise err(f"{where}.creates: expected a path, got {creates!r}")
+        if isinstance(run, str):
+            run = shlex.split(run)
+        if (not isinstance(run, list) or not run
+                or not all(isinstance(a, str) for a in run)):
+            raise err(f"{where}.run: expected a primekit command line, got {item['run']!r}")
+        if run[0] == "primekit":
+            run = run[1:]
+        if not run or run[0] not in PREPARE_COMMANDS:
+            raise err(f"{where}.run: the command must be one of {list(PREPARE_COMMANDS)}, got "
+                      f"{' '.join(run)!r}")
+        steps.append(Prepare(creates=creates.strip(), run=run))
+    return steps
 
 
 def _grid(raw: Any, arms: dict[str, list[str]], err) -> Grid:

@@ -253,3 +253,30 @@ def test_same_run_across_primekit_versions():
     gone = copy.deepcopy(saved)
     gone["algorithm"]["retired_switch"] = True  # a field primekit no longer has
     assert not same_run(gone, cfg)
+
+
+def test_prepare_makes_what_the_runs_need_once(tmp_path, monkeypatch):
+    # A spec whose runs read a model nobody has trained yet: its `prepare` step trains it (a
+    # 2-step SFT), once; the second call finds it and starts nothing.
+    monkeypatch.chdir(tmp_path)  # prepare paths are relative to where primekit runs
+    path = write_spec(tmp_path / "spec.yaml", Path("models/sft"), seeds=[0],
+                      prepare=[{"creates": "models/sft",
+                                "run": "primekit sft --config tiny sft.steps=2 sft.batch_size=8 "
+                                       "sft.warmup_steps=0 sft.threads=1 data.num_train=100 "
+                                       "sft.out_dir=models/sft"}])
+    text = yaml.safe_load(path.read_text())
+    text["overrides"]["train.steps"] = 1
+    path.write_text(yaml.safe_dump(text))
+    spec = load_spec(path)
+    assert spec.prepare[0].run[:3] == ["sft", "--config", "tiny"]  # "primekit" dropped
+    launches = []
+    result = run_experiment(spec, tmp_path / "exp", in_process=main,
+                            on_launch=lambda x: launches.append((x.name, x.how)))
+    assert launches == [("prepare-0", "prepare"), ("default--prime--s0", "fresh"),
+                        ("default--rloo--s0", "fresh")]
+    assert set(result.values()) == {FINISHED}
+    assert (tmp_path / "models" / "sft" / "config.json").is_file()
+    assert (tmp_path / "exp" / "logs" / "prepare-0.log").is_file()
+    launches.clear()
+    run_experiment(spec, tmp_path / "exp", in_process=main, on_launch=launches.append)
+    assert launches == []

@@ -69,6 +69,12 @@ def test_a_good_spec_expands_into_tasks_x_seeds_x_arms(tmp_path):
                    "rule": "ratio"}]},
      "verdict[1].rule: 'ratio' is not one of ['steps-ratio', 'difference', 'equivalence']"),
     ({"base": "tinyy"}, "base: --config: 'tinyy' is neither a file nor a packaged config"),
+    ({"prepare": {"creates": "x"}}, "prepare: expected a list"),
+    ({"prepare": [{"creates": "m", "run": "sft", "extra": 1}]},
+     "prepare[0]: expected a mapping with exactly the keys creates and run"),
+    ({"prepare": [{"creates": "m", "run": "rm -rf m"}]},
+     "prepare[0].run: the command must be one of ['sft', 'train', 'train-prm', 'train-orm']"),
+    ({"prepare": [{"creates": "", "run": "sft"}]}, "prepare[0].creates: expected a path"),
     ({"map": {"x": "prm.lr", "y": "prm.beta"}}, "map: missing key 'metrics'"),
     ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["eval/pass@1_greedy"]}},
      "map: fewer than two arms set both prm.lr and prm.beta"),
@@ -135,3 +141,25 @@ def test_list_shows_every_packaged_spec_and_each_validates(capsys):
     for name in TUNING_SPECS:  # their seeds are none of the claims' seeds
         claim_seeds = {s for n in names if n not in TUNING_SPECS for s in load_spec(n).seeds}
         assert not set(load_spec(name).seeds) & claim_seeds, name
+
+
+def test_online_vs_frozen_prepares_exactly_prime_vs_rloos_run():
+    # The trained PRM online-vs-frozen-prm starts from is prime-vs-rloo's PRIME seed-0 run; its
+    # prepare step trains that run with the same config, so prime-vs-rloo later finds it finished.
+    import json
+
+    from primekit.config import load_config, resolve_config
+    from primekit.experiment.runner import same_run
+
+    ovf, pvr = load_spec("online-vs-frozen-prm"), load_spec("prime-vs-rloo")
+    made = [p for p in ovf.prepare if p.run[0] == "train"]
+    assert len(made) == 2
+    for step, task in zip(made, ["arithmetic", "chains"]):
+        cfg = load_config(resolve_config(step.run[2]), step.run[3:])
+        (run,) = [r for r in pvr.runs(Path("runs/experiments/prime-vs-rloo"))
+                  if (r.task, r.arm, r.seed) == (task, "prime", 0)]
+        assert same_run(json.loads(json.dumps(run.config(pvr).to_dict())), cfg)
+        assert Path(str(cfg.train.run_dir)) == run.run_dir
+        assert step.creates == f"{run.run_dir}/final/prm"
+        online = [r for r in ovf.runs(Path("x")) if (r.task, r.arm) == (task, "online-trained")]
+        assert f"model.prm={step.creates}" in online[0].overrides  # the arm reads what it makes
