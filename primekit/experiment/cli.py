@@ -11,7 +11,10 @@ from primekit.logging import console
 def add_subcommand(sub) -> None:
     p = sub.add_parser("experiment", help="a named comparison (arms x seeds x task families) of "
                        "primekit train runs, resumable, with report.md, plots and a verdict")
-    p.add_argument("spec", nargs="?", help="spec YAML file or packaged spec name (see --list)")
+    p.add_argument("spec", nargs="*", help="spec YAML file(s) or packaged spec name(s) (see "
+                   "--list); several run one after the other, each with its report")
+    p.add_argument("--all", action="store_true",
+                   help="every packaged spec, one after the other (the whole evidence suite)")
     p.add_argument("--list", action="store_true",
                    help="the packaged specs, their claims and how many runs have finished")
     p.add_argument("--out", default=None,
@@ -57,25 +60,39 @@ def run(args, main=None) -> int:
         for line in list_specs():
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return 0
-    if args.spec is None:
-        raise SpecError("experiment: give a spec (a YAML file or a packaged name) or --list")
+    names = list(args.spec)
+    if args.all:
+        from primekit.experiment.spec import packaged_specs
+
+        names += [n for n in packaged_specs() if n not in names]
+    if not names:
+        raise SpecError("experiment: give a spec (a YAML file or a packaged name), --all or --list")
     if args.parallel < 1:
         raise SpecError(f"--parallel: expected at least 1, got {args.parallel}")
-    spec = load_spec(args.spec)
-    out = Path(args.out) if args.out else default_out_dir(spec)
+    if args.out and len(names) > 1:
+        raise SpecError("--out: one experiment directory per spec; give one spec with --out")
+    specs = [load_spec(n) for n in names]  # every spec checked before anything runs
     failed = []
-    if args.report_only and not (out / "runs").is_dir():
-        raise SpecError(f"--report-only: {out} holds no runs of this experiment; start it with "
-                        f"primekit experiment {args.spec}" + (f" --out {out}" if args.out else ""))
-    if not args.report_only:
-        result = run_experiment(spec, out, parallel=args.parallel, in_process=main if args.in_process else None,
-                                max_runs=args.max_runs, share=not args.no_share)
-        failed = [k for k, v in result.items() if v != FINISHED]
-    report = write_report(spec, out, plots=not args.no_plots)
-    console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)
+    for name, spec in zip(names, specs):
+        out = Path(args.out) if args.out else default_out_dir(spec)
+        if args.report_only and not (out / "runs").is_dir():
+            if len(specs) > 1:
+                console.print(f"{spec.name}: no runs in {out} yet; no report", markup=False,
+                              highlight=False, soft_wrap=True)
+                continue
+            raise SpecError(f"--report-only: {out} holds no runs of this experiment; start it "
+                            f"with primekit experiment {name}"
+                            + (f" --out {out}" if args.out else ""))
+        if not args.report_only:
+            result = run_experiment(spec, out, parallel=args.parallel,
+                                    in_process=main if args.in_process else None,
+                                    max_runs=args.max_runs, share=not args.no_share)
+            failed += [f"{spec.name}/{k}" for k, v in result.items() if v != FINISHED]
+        report = write_report(spec, out, plots=not args.no_plots)
+        console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)
     if failed:
-        console.print(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in {out / 'logs'}); "
-                      "run the same command again to retry them", markup=False, highlight=False,
-                      soft_wrap=True)
+        console.print(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in each "
+                      "experiment's logs/); run the same command again to retry them",
+                      markup=False, highlight=False, soft_wrap=True)
         return 1
     return 0

@@ -280,3 +280,26 @@ def test_prepare_makes_what_the_runs_need_once(tmp_path, monkeypatch):
     launches.clear()
     run_experiment(spec, tmp_path / "exp", in_process=main, on_launch=launches.append)
     assert launches == []
+
+
+def test_cli_runs_several_specs_in_turn(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    # `primekit experiment A B`: A's runs train, B (the same runs under another name) links
+    # them; each gets its report. --report-only over a spec with no runs says so and goes on.
+    monkeypatch.chdir(tmp_path)
+    paths = []
+    for name in ("exp-a", "exp-b"):
+        path = write_spec(tmp_path / f"{name}.yaml", tiny_model_dir, name=name, seeds=[0])
+        text = yaml.safe_load(path.read_text())
+        text["overrides"]["train.steps"] = 1
+        path.write_text(yaml.safe_dump(text))
+        paths.append(str(path))
+    assert main(["experiment", *paths, "--in-process", "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "report: runs/experiments/exp-a/report.md" in out
+    assert "report: runs/experiments/exp-b/report.md" in out
+    b_runs = tmp_path / "runs" / "experiments" / "exp-b" / "runs"
+    assert sorted(p.name for p in b_runs.iterdir() if p.is_symlink()) == [
+        "default--prime--s0", "default--rloo--s0"]
+    other = write_spec(tmp_path / "exp-c.yaml", tiny_model_dir, name="exp-c", seeds=[0])
+    assert main(["experiment", paths[0], str(other), "--report-only", "--no-plots"]) == 0
+    assert "exp-c: no runs in runs/experiments/exp-c yet; no report" in capsys.readouterr().out

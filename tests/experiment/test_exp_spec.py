@@ -120,6 +120,8 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
     assert "--parallel: expected at least 1, got 0" in capsys.readouterr().err
     assert main(["experiment"]) == 2
     assert "give a spec" in capsys.readouterr().err
+    assert main(["experiment", str(good), str(good), "--out", str(tmp_path / "x")]) == 2
+    assert "--out: one experiment directory per spec" in capsys.readouterr().err
 
 
 # Packaged specs that choose settings rather than test a claim of the papers.
