@@ -212,20 +212,21 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
     assert not (exps / "b" / "runs" / "default--prime--s0.copying").exists()
 
     # A run that does not log a metric the spec's verdicts read of it (trained before the metric
-    # existed) is not linked: here a verdict on a key no run logs.
-    launches.clear()
+    # existed) is not linked: here a verdict on a key no run logs. (max_runs=0: link what can be
+    # linked, start nothing.)
     path = write_spec(tmp_path / "d.yaml", tiny_model_dir, seeds=[0],
                       verdict={"rule": "difference", "metric": "reward/never_logged",
                                "compare": [["prime", "rloo"]]})
-    run_experiment(load_spec(path), exps / "d", in_process=main,
-                   on_launch=lambda x: launches.append(x.name))
-    assert launches == ["default--prime--s0", "default--rloo--s0"]
+    run_experiment(load_spec(path), exps / "d", in_process=main, max_runs=0)
+    assert not any(p.is_symlink() for p in (exps / "d" / "runs").glob("*"))
+    run_experiment(spec_a, exps / "e", in_process=main, max_runs=0)  # the same spec: linked
+    assert all(p.is_symlink() for p in (exps / "e" / "runs").glob("*"))
+    assert len(list((exps / "e" / "runs").glob("*"))) == 2
 
-    # --no-share: a third experiment trains its own copy of a's prime run.
-    launches.clear()
-    run_experiment(spec_b(), exps / "c", in_process=main, share=False,
-                   on_launch=lambda x: launches.append(x.name))
-    assert sorted(launches) == ["default--beta--s0", "default--prime--s0"]
+    # --no-share: a third experiment links nothing.
+    run_experiment(spec_a, exps / "c", in_process=main, share=False, max_runs=0)
+    assert not (exps / "c" / "runs").exists() or not any(
+        p.is_symlink() for p in (exps / "c" / "runs").glob("*"))
 
 
 def test_same_run_across_primekit_versions():
