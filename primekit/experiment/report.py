@@ -257,9 +257,12 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
         f"# {spec.name}: {spec.claim}", "",
         f"**Verdict: {claim_verdict}.**", "",
         f"- Paper: {spec.paper or '(not given)'}",
-        *[f"- Rule: {v.rule} of `{v.metric}`, {' vs '.join(map(str, v.compare[0]))}"
-          f"{' (and more pairs)' if len(v.compare) > 1 else ''}, direction {v.direction}, "
-          f"boundary {v.boundary:g}"
+        *[f"- Rule: {v.rule} of `{v.metric}`"
+          + (" (noise: std of step-to-step changes)" if v.statistic == "noise" else "")
+          + f", {' vs '.join(map(str, v.compare[0]))}"
+          f"{' (and more pairs)' if len(v.compare) > 1 else ''}, "
+          + (f"margin +-{v.boundary:g}" if v.rule == "equivalence"
+             else f"direction {v.direction}, boundary {v.boundary:g}")
           + (f", claimed effect {v.min_effect:g}" if v.min_effect is not None else "")
           for v in spec.verdicts],
         f"- Fewer than {MIN_SEEDS} finished seeds in an arm: inconclusive.",
