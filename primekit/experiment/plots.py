@@ -22,6 +22,9 @@ CURVES = (
     ("prm_loss", "prm/loss", "PRM loss (nats)"),
     ("response_len", "response/len_mean", "response length (tokens)"),
     ("hack_repeated_steps", "hack/repeated_step_share", "repeated-step share"),
+    ("hack_steps", "hack/steps_per_response", "steps per response"),
+    ("hack_step_len", "hack/step_len_chars", "step length (characters)"),
+    ("hack_nonpositive_steps", "hack/nonpositive_step_share", "share of steps with reward <= 0"),
     ("hack_dense_corr", "hack/dense_success_corr", "corr(dense return, success)"),
     ("hack_dense_return", "hack/dense_return_mean", "dense return per response"),
 )

@@ -31,7 +31,8 @@ REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, MIXED = (
 # Final-metrics table: the keys shown when any run logs them (eval/avg@k matched by prefix).
 TABLE_METRICS = ("eval/pass@1_greedy", "eval/avg@", "eval/pass@", "reward/outcome_mean_sampled",
                  "prm/acc_pairwise", "prm/acc_abs", "prm/loss", "response/len_mean",
-                 "hack/repeated_step_share", "hack/dense_success_corr")
+                 "hack/repeated_step_share", "hack/steps_per_response", "hack/step_len_chars",
+                 "hack/nonpositive_step_share", "hack/dense_success_corr")
 @dataclass
 class Row:
     """One verdict row: a (treatment, baseline) pair on one task family."""
