@@ -29,16 +29,22 @@ TOLERANCE = 1e-5  # max |param difference| between 2 sharded ranks and 1 process
 
 
 class _Parity:
-    """Correct when the response length is even; always wrong on the problems in `fail`, whose
-    groups then never pass the online filter."""
+    """Right and wrong in turn for each problem (its 1st, 3rd, ... sample right), whatever the
+    response says, so that every group of two or more samples has both outcomes and passes the
+    online filter on any machine (a rule on the sampled text made the filter's counts hinge on
+    the CPU's float rounding); always wrong on the problems in `fail`, whose groups then never
+    pass. A problem's samples are graded on one rank in the same order in both layouts, so one
+    process and two ranks see the same outcomes."""
 
     def __init__(self, fail: frozenset[str] = frozenset()):
         self.fail = fail
+        self.seen: dict[str, int] = {}
 
     def verify(self, response, problem):
         if problem.id in self.fail:
             return Verdict.incorrect()
-        return Verdict.correct() if len(response) % 2 == 0 else Verdict.incorrect()
+        n = self.seen[problem.id] = self.seen.get(problem.id, -1) + 1
+        return Verdict.correct() if n % 2 == 0 else Verdict.incorrect()
 
     def verify_batch(self, responses, problems):
         return [self.verify(r, p) for r, p in zip(responses, problems)]
