@@ -28,6 +28,10 @@ def add_subcommand(sub) -> None:
     p.add_argument("--no-share", action="store_true",
                    help="train every run here, even one another experiment beside --out has "
                    "already finished with the same config and seed (default: link to it)")
+    p.add_argument("--records", default=None, metavar="DIR",
+                   help="run records: restore finished runs (same config, steps and input files) "
+                   "and the spec's prepare models from DIR instead of training them, and record "
+                   "every finished run there (docs/experiments/README.md, run records)")
     p.add_argument("--no-plots", action="store_true", help="report.md without the PNG plots")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
@@ -86,7 +90,8 @@ def run(args, main=None) -> int:
         if not args.report_only:
             result = run_experiment(spec, out, parallel=args.parallel,
                                     in_process=main if args.in_process else None,
-                                    max_runs=args.max_runs, share=not args.no_share)
+                                    max_runs=args.max_runs, share=not args.no_share,
+                                    records=Path(args.records) if args.records else None)
             failed += [f"{spec.name}/{k}" for k, v in result.items() if v != FINISHED]
         report = write_report(spec, out, plots=not args.no_plots)
         console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)

@@ -227,7 +227,8 @@ def _attempts_line(out_dir: Path) -> str:
         except ValueError:
             continue
     shared = [r for r in rows if r.get("how") == "shared"]
-    rows = [r for r in rows if r.get("how") != "shared"]
+    recorded = [r for r in rows if r.get("how") == "record"]
+    rows = [r for r in rows if r.get("how") not in ("shared", "record")]
     total = sum(float(r.get("seconds", 0)) for r in rows)
     failed = sum(1 for r in rows if r.get("rc") != 0)
     text = (f"; all {len(rows)} attempts in attempts.jsonl (SFT, start-up, export, failed and "
@@ -239,6 +240,11 @@ def _attempts_line(out_dir: Path) -> str:
         origins = sorted({Path(r.get("from", "?")).parent.parent.name for r in shared})
         text += (f". {len(shared)} run(s) not trained here but linked to the same run (same "
                  f"config and seed) finished by another experiment: {', '.join(origins)}")
+    if recorded:
+        where = sorted({r["machine"] for r in recorded if r.get("machine")})
+        text += (f". {len(recorded)} run(s) restored from run records (same config, seed and "
+                 f"input files; trained earlier, not counted in the attempts above)"
+                 + (f", trained on {' and '.join(where)}" if where else ""))
     return text
 
 

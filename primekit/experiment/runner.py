@@ -38,8 +38,13 @@ run directory, threads, checkpoint cadence, loggers, verifier workers), that fin
 `runs/<run id>` becomes a symbolic link to it (one `"how": "shared"` line in attempts.jsonl) and
 nothing is trained. A run from an older primekit matches only if every field added since is at
 its default (`same_run`). A shared run that this spec wants continued (a larger `train.steps`)
-is first copied, so the other experiment's run is never changed. `share=False` (`--no-share`)
-turns this off: every run is trained here.
+is first copied, so the other experiment's run is never changed. A run is linked only if it
+started from the same model and data files (the input fingerprints its checkpoint stores).
+`share=False` (`--no-share`) turns this off: every run is trained here.
+
+Run records (`records`, `--records DIR`; primekit.experiment.records): runs and `prepare` models
+restored from a directory that outlives this machine instead of being trained, and every finished
+run recorded there.
 """
 
 from __future__ import annotations
@@ -66,16 +71,23 @@ def default_out_dir(spec: Spec) -> Path:
     return Path("runs") / "experiments" / spec.name
 
 
-def _checkpoint_step(run_dir: Path) -> tuple[int | None, dict | None]:
-    """(step, stored config) of the newest complete checkpoint; (None, None) without one."""
+def _trainer_state(run_dir: Path) -> dict | None:
+    """trainer_state.json of the newest complete checkpoint (step, config, inputs, ...), or None."""
     from primekit.trainer import checkpoint as ckpt
 
     path = ckpt.latest_checkpoint(run_dir)
     if path is None:
-        return None, None
+        return None
     try:
-        state = json.loads((path / "trainer_state.json").read_text())
+        return json.loads((path / "trainer_state.json").read_text())
     except (OSError, ValueError):
+        return None
+
+
+def _checkpoint_step(run_dir: Path) -> tuple[int | None, dict | None]:
+    """(step, stored config) of the newest complete checkpoint; (None, None) without one."""
+    state = _trainer_state(run_dir)
+    if state is None:
         return None, None
     return int(state.get("step", -1)), state.get("config")
 
@@ -96,10 +108,28 @@ def final_eval_step(run_dir: Path) -> int | None:
     return last
 
 
+def stored_run(run_dir: Path) -> tuple[int | None, dict | None]:
+    """(step, config) of a run directory: its newest complete checkpoint's, or, for a run restored
+    from a run record (primekit.experiment.records), the record's; (None, None) without either."""
+    from primekit.experiment.records import restored
+
+    head = restored(run_dir)
+    if head is not None:
+        return head.get("steps"), head.get("config")
+    return _checkpoint_step(run_dir)
+
+
 def run_state(run_dir: Path, cfg: Config) -> str:
-    """FINISHED, RESUME (a checkpoint to continue), RESTART (files but no checkpoint) or FRESH."""
-    step, _ = _checkpoint_step(run_dir)
+    """FINISHED, RESUME (a checkpoint to continue), RESTART (files but no checkpoint) or FRESH.
+    A run restored from a record is FINISHED at the record's steps (it has no checkpoint)."""
+    from primekit.experiment.records import restored
+
     steps = cfg.train.steps
+    head = restored(run_dir)
+    if head is not None:
+        return FINISHED if (head.get("steps") == steps
+                            and final_eval_step(run_dir) == steps) else RESTART
+    step, _ = _checkpoint_step(run_dir)
     if (step == steps and final_eval_step(run_dir) == steps
             and (not cfg.train.export_final or (run_dir / "final").is_dir())):
         return FINISHED
@@ -143,11 +173,21 @@ def _logged_keys(run_dir: Path) -> set[str]:
     return set(log.series) if log is not None else set()
 
 
-def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset()) -> Path | None:
-    """A finished run of another experiment beside `out_dir` that is this run (`same_run`) and
-    logs every metric in `needs` (what this spec's verdicts read of it: a run trained before a
-    metric existed is not linked), or None. Only real directories are candidates (never another
-    experiment's link)."""
+def _stored_inputs(run_dir: Path) -> dict | None:
+    """The input fingerprints a run started from (checkpoint or record), None if not stored."""
+    from primekit.experiment.records import restored
+
+    state = restored(run_dir) or _trainer_state(run_dir) or {}
+    return state.get("inputs")
+
+
+def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset(),
+                inputs: Callable[[], dict] | None = None) -> Path | None:
+    """A finished run of another experiment beside `out_dir` that is this run (`same_run`),
+    started from the same model and data files (`inputs()`, `rundir.input_fingerprint(cfg)`,
+    hashed only when a candidate gets that far; a run that stored none is not checked) and logs every metric in `needs` (what this spec's
+    verdicts read of it: a run trained before a metric existed is not linked), or None. Only real
+    directories are candidates (never another experiment's link)."""
     here = out_dir.resolve()
     for exp in sorted(p for p in out_dir.resolve().parent.iterdir() if p.is_dir()):
         if exp == here or not (exp / "runs").is_dir():
@@ -155,9 +195,10 @@ def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset())
         for cand in sorted((exp / "runs").iterdir()):
             if cand.is_symlink() or not cand.is_dir():
                 continue
-            step, saved = _checkpoint_step(cand)
+            step, saved = stored_run(cand)
             if (step == cfg.train.steps and saved is not None and same_run(saved, cfg)
-                    and run_state(cand, cfg) == FINISHED and needs <= _logged_keys(cand)):
+                    and run_state(cand, cfg) == FINISHED and needs <= _logged_keys(cand)
+                    and (inputs is None or _stored_inputs(cand) in (None, inputs()))):
                 return cand
     return None
 
@@ -187,7 +228,7 @@ def check_finished_config(run: Run, cfg: Config) -> None:
     resume may change): a run left by an edited spec is refused, not silently reused."""
     from primekit.trainer.rundir import config_changes
 
-    _, saved = _checkpoint_step(run.run_dir)
+    _, saved = stored_run(run.run_dir)
     if saved is None:
         return
     refused, _ = config_changes(saved, cfg.to_dict())
@@ -318,13 +359,16 @@ def threads_per_run(parallel: int, cores: int | None = None) -> int | None:
 
 
 def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: InProcess = None,
-                   max_runs: int | None = None, share: bool = True,
+                   max_runs: int | None = None, share: bool = True, records: Path | None = None,
                    on_launch: Callable[[Launch], None] | None = None) -> dict[str, str]:
     """Run what is left of `spec` in `out_dir`; returns run id -> FINISHED or "failed (rc N)".
 
     `max_runs` stops after starting that many runs (a piece of a long experiment); `share` links
-    runs that another experiment beside `out_dir` already finished (module docstring);
-    `on_launch` is called with each launch before it starts (the tests count launches with it)."""
+    runs that another experiment beside `out_dir` already finished (module docstring); `records`
+    is a run-record directory to restore runs and `prepare` models from and to record finished
+    runs in (primekit.experiment.records); `on_launch` is called with each launch before it
+    starts (the tests count launches with it)."""
+    from primekit.experiment.records import restored
     from primekit.trainer.rundir import lock
 
     if in_process is not None and parallel > 1:
@@ -334,7 +378,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         copy = out_dir / "spec.yaml"
         if spec.path is not None and not (copy.exists() and copy.samefile(spec.path)):
             shutil.copyfile(spec.path, copy)
-        _run_prepare(spec, out_dir, in_process, on_launch)
+        _run_prepare(spec, out_dir, in_process, on_launch, records)
         _run_sft(spec, out_dir, in_process, on_launch)
         runs = spec.runs(out_dir)
         configs = {r.run_id: r.config(spec) for r in runs}
@@ -342,9 +386,14 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
             if r.run_dir.is_symlink() and (not r.run_dir.exists() or run_state(
                     r.run_dir, configs[r.run_id]) != FINISHED):
                 _unshare(r.run_dir)
+            if restored(r.run_dir) is not None and run_state(
+                    r.run_dir, configs[r.run_id]) != FINISHED:
+                shutil.rmtree(r.run_dir)  # a record's copy for other steps: nothing trained here
         states = {r.run_id: run_state(r.run_dir, configs[r.run_id]) for r in runs}
         if share:
             _share(spec, out_dir, runs, configs, states)
+        if records is not None:
+            _restore_records(spec, out_dir, runs, configs, states, records)
         for r in runs:
             if states[r.run_id] == FINISHED:
                 check_finished_config(r, configs[r.run_id])
@@ -361,18 +410,40 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
             _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch)
         finally:
             display.close()
+            if records is not None:
+                _save_records(spec, runs, configs, records)
         return result
+
+
+class _Fingerprints:
+    """`rundir.input_fingerprint` of each run's config, hashed once per set of input paths."""
+
+    def __init__(self):
+        self._done: dict[str, dict] = {}
+
+    def __call__(self, cfg: Config) -> dict:
+        from primekit.trainer.rundir import _fingerprint_fields, input_fingerprint
+
+        where = json.dumps(_fingerprint_fields(cfg), sort_keys=True)
+        if where not in self._done:
+            self._done[where] = input_fingerprint(cfg)
+        return self._done[where]
+
+
+def _needs(spec: Spec, run: Run) -> frozenset[str]:
+    """The metrics this spec's verdicts read of `run`'s arm."""
+    return frozenset(v.metric for v in spec.verdicts if any(run.arm in pair for pair in v.compare))
 
 
 def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],
            states: dict[str, str]) -> None:
     """Link each run not yet started to the same run finished by another experiment."""
+    inputs = _Fingerprints()
     for r in runs:
         if states[r.run_id] != FRESH:
             continue
-        needs = frozenset(v.metric for v in spec.verdicts
-                          if any(r.arm in pair for pair in v.compare))
-        found = find_shared(configs[r.run_id], out_dir, needs)
+        cfg = configs[r.run_id]
+        found = find_shared(cfg, out_dir, _needs(spec, r), lambda cfg=cfg: inputs(cfg))
         if found is None:
             continue
         if r.run_dir.is_dir():  # FRESH: at most an empty directory (or a stale .lock)
@@ -386,10 +457,118 @@ def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config
             f.write(json.dumps(row) + "\n")
 
 
-def _run_prepare(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> None:
-    """The spec's `prepare` commands, in order, each only while what it creates is missing."""
+def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],
+                     states: dict[str, str], records: Path) -> None:
+    """Restore each run not yet started from a record of the same run (`records.find_record`:
+    same config, steps and input files), one `"how": "record"` line in attempts.jsonl each."""
+    from primekit.experiment.records import find_record, restore
+
+    inputs = _Fingerprints()
+    for r in runs:
+        if states[r.run_id] != FRESH:
+            continue
+        found = find_record(configs[r.run_id], inputs(configs[r.run_id]), records, _needs(spec, r))
+        if found is None:
+            continue
+        head = restore(found, r.run_dir)
+        states[r.run_id] = FINISHED
+        row = {"run": r.run_id, "how": "record", "rc": 0, "seconds": 0.0, "from": str(found),
+               "machine": head.get("machine"), "end": round(time.time(), 1)}
+        with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _run_machines(run_dir: Path) -> str:
+    """The machine(s) a run trained on, from its own experiment's attempts.jsonl (the one it lives
+    in, when it is another experiment's run linked here); this machine if none is recorded."""
+    real = run_dir.resolve()
+    path = real.parent.parent / "attempts.jsonl"
+    seen = set()
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("run") == real.name and row.get("machine") and row.get("how") not in (
+                    "shared", "record"):
+                seen.add(row["machine"])
+    return " and ".join(sorted(seen)) or machine()
+
+
+def _save_records(spec: Spec, runs: list[Run], configs: dict[str, Config], records: Path) -> None:
+    """Record every finished, trained run of `spec` that no record in `records` holds yet."""
+    from primekit.experiment.records import find_record, record_path, restored, write_record
+
+    for r in runs:
+        cfg = configs[r.run_id]
+        if (not r.run_dir.is_dir() or restored(r.run_dir) is not None
+                or run_state(r.run_dir, cfg) != FINISHED):
+            continue
+        state = _trainer_state(r.run_dir) or {}
+        inputs = state.get("inputs") or {}
+        if find_record(cfg, inputs, records) is not None:
+            continue  # recorded already (perhaps by another spec sharing the run)
+        path = write_record(r.run_dir, record_path(records, spec.name, r.run_id), {
+            "run": r.run_id, "spec": spec.name, "steps": cfg.train.steps,
+            "config": state.get("config"), "inputs": inputs, "machine": _run_machines(r.run_dir)})
+        console.print(f"recorded {r.run_id}: {path}", markup=False, highlight=False,
+                      soft_wrap=True)
+
+
+MODEL_COPY_MAX_BYTES = 256 << 20  # larger prepare models are not copied into a records directory
+
+
+def _prepare_models(step, records: Path | None) -> None:
+    """Before a prepare step: restore its model from `records` when it is missing here."""
+    from primekit.experiment.records import copy_tree, model_copy
+
+    copy = model_copy(records, step.creates) if records is not None else None
+    if copy is None or step.done() or not (copy.is_dir() and any(copy.iterdir())):
+        return
+    copy_tree(copy, Path(step.creates))
+    console.print(f"experiment: prepare {step.creates}: restored from {copy}", markup=False,
+                  soft_wrap=True)
+
+
+def _keep_model(step, records: Path | None) -> None:
+    """After a prepare step: copy its model into `records` if none is kept there yet; say so when
+    the one here differs from the kept one (records of runs from the kept model then never match
+    runs from this one)."""
+    from primekit.experiment.records import copy_tree, model_copy
+    from primekit.trainer.checkpoint import _sha256
+
+    copy = model_copy(records, step.creates) if records is not None else None
+    here = Path(step.creates)
+    if copy is None or not here.is_dir():
+        return
+    files = {str(p.relative_to(here)): p for p in sorted(here.rglob("*")) if p.is_file()}
+    if copy.is_dir() and any(copy.iterdir()):
+        kept = {str(p.relative_to(copy)): p for p in sorted(copy.rglob("*")) if p.is_file()}
+        if set(kept) != set(files) or any(_sha256(kept[k]) != _sha256(files[k]) for k in files):
+            console.print(f"experiment: prepare {step.creates} differs from its copy in {copy}: "
+                          f"run records made from that copy will not be restored (delete "
+                          f"{step.creates} to use the copy)", markup=False, soft_wrap=True)
+        return
+    size = sum(p.stat().st_size for p in files.values())
+    if size > MODEL_COPY_MAX_BYTES:
+        console.print(f"experiment: prepare {step.creates} ({size / 2**20:.0f} MiB) is not copied "
+                      f"into {records} (more than {MODEL_COPY_MAX_BYTES >> 20} MiB)", markup=False,
+                      soft_wrap=True)
+        return
+    copy_tree(here, copy)
+    console.print(f"experiment: prepare {step.creates}: kept in {copy}", markup=False,
+                  soft_wrap=True)
+
+
+def _run_prepare(spec: Spec, out_dir: Path, in_process: InProcess, on_launch,
+                 records: Path | None = None) -> None:
+    """The spec's `prepare` commands, in order, each only while what it creates is missing (and,
+    with `records`, cannot be restored from there)."""
     for i, step in enumerate(spec.prepare):
+        _prepare_models(step, records)
         if step.done():
+            _keep_model(step, records)
             continue
         launch = Launch(f"prepare-{i}", list(step.run), out_dir / "logs" / f"prepare-{i}.log",
                         "prepare")
@@ -406,6 +585,7 @@ def _run_prepare(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) ->
         if not step.done():
             raise SpecError(f"prepare[{i}]: primekit {' '.join(step.run)} exited 0 but did not "
                             f"create {step.creates}")
+        _keep_model(step, records)
 
 
 def _run_sft(spec: Spec, out_dir: Path, in_process: InProcess, on_launch) -> None:

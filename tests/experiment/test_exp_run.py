@@ -5,6 +5,7 @@ the report with its plots."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,70 @@ def test_cli_runs_several_specs_in_turn(tiny_model_dir, tmp_path, monkeypatch, c
     other = write_spec(tmp_path / "exp-c.yaml", tiny_model_dir, name="exp-c", seeds=[0])
     assert main(["experiment", paths[0], str(other), "--report-only", "--no-plots"]) == 0
     assert "exp-c: no runs in runs/experiments/exp-c yet; no report" in capsys.readouterr().out
+
+
+def test_run_records_carry_an_experiment_to_another_machine(tmp_path, monkeypatch, capsys):
+    # With --records, the first machine trains the spec's prepare model (a 2-step SFT) and both
+    # runs, and keeps the model and one record per run (config, input fingerprints, metrics). On
+    # a second machine (here: the runs and the model deleted) the same call restores the model and
+    # both runs and trains nothing; the report's tables are the same. A record counts only for
+    # runs from bit-identical input files, and a restored run is not continued past its steps.
+    from primekit.experiment.records import read_header
+
+    monkeypatch.chdir(tmp_path)
+    path = write_spec(tmp_path / "spec.yaml", Path("models/sft"), seeds=[0],
+                      prepare=[{"creates": "models/sft",
+                                "run": "sft --config tiny sft.steps=2 sft.batch_size=8 "
+                                       "sft.warmup_steps=0 sft.threads=1 data.num_train=100 "
+                                       "sft.out_dir=models/sft"}])
+    spec = load_spec(path)
+    records = tmp_path / "records"
+    launches = []
+    run_experiment(spec, tmp_path / "m1", in_process=main, records=records,
+                   on_launch=lambda x: launches.append(x.name))
+    assert launches == ["prepare-0", "default--prime--s0", "default--rloo--s0"]
+    files = sorted(p.relative_to(records).as_posix() for p in records.rglob("*.jsonl.gz"))
+    assert files == ["tiny-exp/default--prime--s0.jsonl.gz", "tiny-exp/default--rloo--s0.jsonl.gz"]
+    assert (records / "models" / "models" / "sft" / "model.safetensors").is_file()
+    head = read_header(records / files[0])
+    assert head["steps"] == 2 and head["config"]["train"]["seed"] == 0
+    assert head["config"]["algorithm"]["reward_mode"] == "prime"
+    assert "model.safetensors" in head["inputs"]["model.policy"]
+    assert head["machine"].endswith(" cores")
+    recorded = {f: (records / f).read_bytes() for f in files}
+
+    def tables(out):  # the verdict and final-metrics rows, not the bookkeeping
+        return [x for x in write_report(spec, out, plots=False).read_text().splitlines()
+                if x.startswith("|")]
+
+    before = tables(tmp_path / "m1")
+    shutil.rmtree(tmp_path / "m1")
+    shutil.rmtree(tmp_path / "models")
+    launches.clear()
+    result = run_experiment(spec, tmp_path / "m2", in_process=main, records=records,
+                            on_launch=lambda x: launches.append(x.name))
+    assert launches == []  # neither the model nor a run trained again
+    assert set(result.values()) == {FINISHED}
+    prime = tmp_path / "m2" / "runs" / "default--prime--s0"
+    assert (prime / "record.json").is_file() and not (prime / "checkpoints").exists()
+    assert tables(tmp_path / "m2") == before
+    assert "2 run(s) restored from run records" in (tmp_path / "m2" / "report.md").read_text()
+    assert {f: (records / f).read_bytes() for f in files} == recorded  # not written again
+
+    # Other input files (the model changed by a byte): no record matches, and the kept copy is
+    # said to differ. max_runs=0 restores what it can and starts nothing.
+    gen = tmp_path / "models" / "sft" / "generation_config.json"
+    gen.write_text(gen.read_text() + " ")
+    capsys.readouterr()
+    run_experiment(spec, tmp_path / "m3", in_process=main, records=records, max_runs=0)
+    assert "models/sft differs from its copy" in capsys.readouterr().out
+    assert not (tmp_path / "m3" / "runs").exists() or not any(
+        (p / "record.json").exists() for p in (tmp_path / "m3" / "runs").iterdir())
+
+    # More steps than the record: the restored runs are dropped (to be trained from the start).
+    text = yaml.safe_load(path.read_text())
+    text["overrides"]["train.steps"] = 3
+    path.write_text(yaml.safe_dump(text))
+    run_experiment(load_spec(path), tmp_path / "m2", in_process=main, records=records,
+                   max_runs=0)
+    assert not prime.exists()
