@@ -407,7 +407,8 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
                       f"families x {len(spec.arms)} arms x {len(spec.seeds)} seeds), "
                       f"{len(result)} already finished, in {out_dir}")
         try:
-            _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch)
+            _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch,
+                  (lambda: _save_records(spec, runs, configs, records)) if records else None)
         finally:
             display.close()
             if records is not None:
@@ -634,7 +635,10 @@ def _record(out_dir: Path, launch: Launch, rc: int) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch) -> None:
+def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch,
+          on_finished: Callable[[], None] | None = None) -> None:
+    """Start the runs of `todo`, `parallel` at a time, until all have ended; `on_finished` is
+    called after each run that finishes (to record it at once, not only at the end)."""
     threads = threads_per_run(parallel)
     queue = list(todo)
     running: list[tuple[Run, Launch]] = []
@@ -646,6 +650,8 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
             display.done += 1
             display.durations.append(time.time() - launch.start)
             result[run.run_id] = FINISHED
+            if on_finished is not None:
+                on_finished()
             display.event(f"finished {run.run_id} ({time.time() - launch.start:.0f} s)")
         else:
             display.failed += 1

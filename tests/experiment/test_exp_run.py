@@ -323,10 +323,16 @@ def test_run_records_carry_an_experiment_to_another_machine(tmp_path, monkeypatc
                                        "sft.out_dir=models/sft"}])
     spec = load_spec(path)
     records = tmp_path / "records"
-    launches = []
-    run_experiment(spec, tmp_path / "m1", in_process=main, records=records,
-                   on_launch=lambda x: launches.append(x.name))
+    launches, seen = [], []
+
+    def on_launch(x):
+        launches.append(x.name)
+        seen.append(sorted(p.name for p in records.rglob("*.jsonl.gz")))
+
+    run_experiment(spec, tmp_path / "m1", in_process=main, records=records, on_launch=on_launch)
     assert launches == ["prepare-0", "default--prime--s0", "default--rloo--s0"]
+    # Each run is recorded as soon as it finishes (a session cut short keeps what finished).
+    assert seen == [[], [], ["default--prime--s0.jsonl.gz"]]
     files = sorted(p.relative_to(records).as_posix() for p in records.rglob("*.jsonl.gz"))
     assert files == ["tiny-exp/default--prime--s0.jsonl.gz", "tiny-exp/default--rloo--s0.jsonl.gz"]
     assert (records / "models" / "models" / "sft" / "model.safetensors").is_file()
