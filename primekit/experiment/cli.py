@@ -36,9 +36,12 @@ def add_subcommand(sub) -> None:
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
-def list_specs() -> list[str]:
-    """One line per packaged spec: name, the claim, the paper's figure, arms x seeds x tasks, and
-    how many runs have finished in its default directory (runs/experiments/<name>, from here)."""
+def list_specs(records: Path | None = None) -> list[str]:
+    """One line per packaged spec: name, the claim, the paper's figure, arms x seeds x tasks, how
+    many runs have finished in its default directory (runs/experiments/<name>, from here) and,
+    with `records`, how many a run-record directory holds (by config and steps; whether their
+    input files match is checked when they are restored)."""
+    from primekit.experiment.records import find_record
     from primekit.experiment.runner import default_out_dir, progress
     from primekit.experiment.spec import load_spec, packaged_specs
 
@@ -49,6 +52,9 @@ def list_specs() -> list[str]:
         paper = f" [{s.paper}]" if s.paper else ""
         out = default_out_dir(s)
         done = f"; {progress(s, out)[0]} finished in {out}" if (out / "runs").is_dir() else ""
+        if records is not None:
+            held = sum(find_record(r.config(s), None, records) is not None for r in s.runs(out))
+            done += f"; {held} in {records}"
         lines.append(f"{name}: {s.claim}{paper} ({len(s.arms)} arms x {len(s.seeds)} seeds x "
                      f"{len(s.tasks)} tasks = {n} runs{done})")
     return lines
@@ -61,7 +67,7 @@ def run(args, main=None) -> int:
     from primekit.experiment.spec import SpecError, load_spec
 
     if args.list:
-        for line in list_specs():
+        for line in list_specs(Path(args.records) if args.records else None):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return 0
     names = list(args.spec)

@@ -107,11 +107,11 @@ def _logged_keys(path: Path) -> set[str]:
     return keys
 
 
-def find_record(cfg: Config, inputs: dict, records: Path,
+def find_record(cfg: Config, inputs: dict | None, records: Path,
                 needs: frozenset[str] = frozenset()) -> Path | None:
     """A record of the run `cfg` asks for: the same config up to how it was executed
-    (`runner.same_run`), the same `train.steps`, the same input fingerprints `inputs`, and every
-    metric in `needs` logged; or None."""
+    (`runner.same_run`), the same `train.steps`, the same input fingerprints `inputs` (None: not
+    checked, for counting only), and every metric in `needs` logged; or None."""
     from primekit.experiment.runner import same_run
 
     if not records.is_dir():
@@ -121,7 +121,8 @@ def find_record(cfg: Config, inputs: dict, records: Path,
             continue
         head = read_header(path)
         if (head is not None and head.get("steps") == cfg.train.steps
-                and head.get("inputs") == inputs and same_run(head.get("config") or {}, cfg)
+                and (inputs is None or head.get("inputs") == inputs)
+                and same_run(head.get("config") or {}, cfg)
                 and needs <= _logged_keys(path)):
             return path
     return None

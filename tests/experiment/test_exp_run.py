@@ -368,6 +368,10 @@ def test_run_records_carry_an_experiment_to_another_machine(tmp_path, monkeypatc
     capsys.readouterr()
     run_experiment(spec, tmp_path / "m3", in_process=main, records=records, max_runs=0)
     assert "models/sft differs from its copy" in capsys.readouterr().out
+    # (`--list --records` counts by config and steps alone: the record is still there.)
+    from primekit.experiment.records import find_record
+    first = spec.runs(tmp_path / "m3")[0]
+    assert find_record(first.config(spec), None, records).name == "default--prime--s0.jsonl.gz"
     assert not (tmp_path / "m3" / "runs").exists() or not any(
         (p / "record.json").exists() for p in (tmp_path / "m3" / "runs").iterdir())
 
