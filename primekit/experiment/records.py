@@ -6,7 +6,7 @@ header line with the run's stored config, the fingerprints of the model and data
 from (`rundir.input_fingerprint`), the machine and the primekit commit:
 
     <records>/<spec name>/<run id>.jsonl.gz
-    <records>/models/<path>/          the models a spec's `prepare` steps made (e.g. runs/demo/sft)
+    <records>/models/<path, / as -->/ the models a spec's `prepare` steps made (runs--demo--sft)
 
 With `primekit experiment SPEC --records DIR`, the runner (a) restores a spec's `prepare` models
 from `DIR/models/` instead of training them, and saves the ones it trains there; (b) restores, for
@@ -145,12 +145,14 @@ def restore(path: Path, run_dir: Path) -> dict:
 
 
 def model_copy(records: Path, creates: str) -> Path | None:
-    """Where a `prepare` step's model is kept under `records` (None for an absolute path, which
-    names a place outside any checkout)."""
+    """Where a `prepare` step's model is kept under `records`: one directory, its relative path
+    joined by "--" (`runs/demo/sft` -> `models/runs--demo--sft`: a nested `runs/` would fall under
+    the `runs/` line most ML repositories' .gitignore has). None for an absolute path or one
+    leaving the working directory, which name places outside any checkout."""
     p = Path(creates)
     if p.is_absolute() or ".." in p.parts:
         return None
-    return records / MODELS / p
+    return records / MODELS / "--".join(p.parts)
 
 
 def copy_tree(src: Path, dst: Path) -> None:

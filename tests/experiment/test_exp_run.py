@@ -335,7 +335,7 @@ def test_run_records_carry_an_experiment_to_another_machine(tmp_path, monkeypatc
     assert seen == [[], [], ["default--prime--s0.jsonl.gz"]]
     files = sorted(p.relative_to(records).as_posix() for p in records.rglob("*.jsonl.gz"))
     assert files == ["tiny-exp/default--prime--s0.jsonl.gz", "tiny-exp/default--rloo--s0.jsonl.gz"]
-    assert (records / "models" / "models" / "sft" / "model.safetensors").is_file()
+    assert (records / "models" / "models--sft" / "model.safetensors").is_file()
     head = read_header(records / files[0])
     assert head["steps"] == 2 and head["config"]["train"]["seed"] == 0
     assert head["config"]["algorithm"]["reward_mode"] == "prime"
