@@ -10,7 +10,7 @@ from (`rundir.input_fingerprint`), the machine and the primekit commit:
 
 With `primekit experiment SPEC --records DIR`, the runner (a) restores a spec's `prepare` models
 from `DIR/models/` instead of training them, and saves the ones it trains there; (b) restores, for
-every run not yet finished, a record with the same config (`runner.same_run`), the same
+every run not yet finished, a record with the same config (`same_run`), the same
 `train.steps` and the same input fingerprints, as a run directory holding metrics.jsonl and
 `record.json` (the header): finished for the report, never trained again; and (c) records every
 finished run of the spec that no record holds yet. The fingerprints are the point: a record
@@ -37,6 +37,33 @@ from primekit.config import Config
 RECORD = "record.json"  # in a run directory restored from a record: the record's header
 MODELS = "models"
 FORMAT = 1
+
+
+# Config fields that say where a run lives and how it was executed, not what it computes or reports.
+NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_every",
+               "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers")
+
+
+def same_run(saved: dict, cfg: Config) -> bool:
+    """Whether a stored config (`trainer_state.json`) describes the run `cfg` asks for: the same
+    value in every field, up to `NOT_THE_RUN`. A field the stored config lacks (added to primekit
+    after that run) matches only at its default, the behaviour the run had before the field
+    existed; a stored field primekit no longer has never matches."""
+    from primekit.trainer.rundir import _flatten
+
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(cfg.to_dict())))
+    if set(old) - set(new):
+        return False
+    defaults = _flatten(json.loads(json.dumps(Config().to_dict())))
+    for k, value in new.items():
+        if k.startswith(NOT_THE_RUN):
+            continue
+        if k in old:
+            if old[k] != value:
+                return False
+        elif k not in defaults or defaults[k] != value:
+            return False
+    return True
 
 
 def record_path(records: Path, spec_name: str, run_id: str) -> Path:
@@ -110,10 +137,8 @@ def _logged_keys(path: Path) -> set[str]:
 def find_record(cfg: Config, inputs: dict | None, records: Path,
                 needs: frozenset[str] = frozenset()) -> Path | None:
     """A record of the run `cfg` asks for: the same config up to how it was executed
-    (`runner.same_run`), the same `train.steps`, the same input fingerprints `inputs` (None: not
+    (`same_run`), the same `train.steps`, the same input fingerprints `inputs` (None: not
     checked, for counting only), and every metric in `needs` logged; or None."""
-    from primekit.experiment.runner import same_run
-
     if not records.is_dir():
         return None
     for path in sorted(records.glob("*/*.jsonl.gz")):

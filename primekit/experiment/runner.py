@@ -61,6 +61,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primekit.config import Config
+from primekit.experiment.records import (
+    copy_tree,
+    find_record,
+    model_copy,
+    record_path,
+    restore,
+    restored,
+    same_run,
+    write_record,
+)
 from primekit.experiment.spec import Run, Spec, SpecError, sft_dir
 from primekit.logging import console
 
@@ -111,8 +121,6 @@ def final_eval_step(run_dir: Path) -> int | None:
 def stored_run(run_dir: Path) -> tuple[int | None, dict | None]:
     """(step, config) of a run directory: its newest complete checkpoint's, or, for a run restored
     from a run record (primekit.experiment.records), the record's; (None, None) without either."""
-    from primekit.experiment.records import restored
-
     head = restored(run_dir)
     if head is not None:
         return head.get("steps"), head.get("config")
@@ -122,8 +130,6 @@ def stored_run(run_dir: Path) -> tuple[int | None, dict | None]:
 def run_state(run_dir: Path, cfg: Config) -> str:
     """FINISHED, RESUME (a checkpoint to continue), RESTART (files but no checkpoint) or FRESH.
     A run restored from a record is FINISHED at the record's steps (it has no checkpoint)."""
-    from primekit.experiment.records import restored
-
     steps = cfg.train.steps
     head = restored(run_dir)
     if head is not None:
@@ -139,33 +145,6 @@ def run_state(run_dir: Path, cfg: Config) -> str:
     return RESTART if contents else FRESH
 
 
-# Config fields that say where a run lives and how it was executed, not what it computes or reports.
-NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_every",
-               "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers")
-
-
-def same_run(saved: dict, cfg: Config) -> bool:
-    """Whether a stored config (`trainer_state.json`) describes the run `cfg` asks for: the same
-    value in every field, up to `NOT_THE_RUN`. A field the stored config lacks (added to primekit
-    after that run) matches only at its default, the behaviour the run had before the field
-    existed; a stored field primekit no longer has never matches."""
-    from primekit.trainer.rundir import _flatten
-
-    old, new = _flatten(saved), _flatten(json.loads(json.dumps(cfg.to_dict())))
-    if set(old) - set(new):
-        return False
-    defaults = _flatten(json.loads(json.dumps(Config().to_dict())))
-    for k, value in new.items():
-        if k.startswith(NOT_THE_RUN):
-            continue
-        if k in old:
-            if old[k] != value:
-                return False
-        elif k not in defaults or defaults[k] != value:
-            return False
-    return True
-
-
 def _logged_keys(run_dir: Path) -> set[str]:
     from primekit.experiment.runlog import read_run
 
@@ -175,8 +154,6 @@ def _logged_keys(run_dir: Path) -> set[str]:
 
 def _stored_inputs(run_dir: Path) -> dict | None:
     """The input fingerprints a run started from (checkpoint or record), None if not stored."""
-    from primekit.experiment.records import restored
-
     state = restored(run_dir) or _trainer_state(run_dir) or {}
     return state.get("inputs")
 
@@ -368,7 +345,6 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
     is a run-record directory to restore runs and `prepare` models from and to record finished
     runs in (primekit.experiment.records); `on_launch` is called with each launch before it
     starts (the tests count launches with it)."""
-    from primekit.experiment.records import restored
     from primekit.trainer.rundir import lock
 
     if in_process is not None and parallel > 1:
@@ -462,8 +438,6 @@ def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[s
                      states: dict[str, str], records: Path) -> None:
     """Restore each run not yet started from a record of the same run (`records.find_record`:
     same config, steps and input files), one `"how": "record"` line in attempts.jsonl each."""
-    from primekit.experiment.records import find_record, restore
-
     inputs = _Fingerprints()
     for r in runs:
         if states[r.run_id] != FRESH:
@@ -499,8 +473,6 @@ def _run_machines(run_dir: Path) -> str:
 
 def _save_records(spec: Spec, runs: list[Run], configs: dict[str, Config], records: Path) -> None:
     """Record every finished, trained run of `spec` that no record in `records` holds yet."""
-    from primekit.experiment.records import find_record, record_path, restored, write_record
-
     for r in runs:
         cfg = configs[r.run_id]
         if (not r.run_dir.is_dir() or restored(r.run_dir) is not None
@@ -522,8 +494,6 @@ MODEL_COPY_MAX_BYTES = 256 << 20  # larger prepare models are not copied into a 
 
 def _prepare_models(step, records: Path | None) -> None:
     """Before a prepare step: restore its model from `records` when it is missing here."""
-    from primekit.experiment.records import copy_tree, model_copy
-
     copy = model_copy(records, step.creates) if records is not None else None
     if copy is None or step.done() or not (copy.is_dir() and any(copy.iterdir())):
         return
@@ -536,7 +506,6 @@ def _keep_model(step, records: Path | None) -> None:
     """After a prepare step: copy its model into `records` if none is kept there yet; say so when
     the one here differs from the kept one (records of runs from the kept model then never match
     runs from this one)."""
-    from primekit.experiment.records import copy_tree, model_copy
     from primekit.trainer.checkpoint import _sha256
 
     copy = model_copy(records, step.creates) if records is not None else None
