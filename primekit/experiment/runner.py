@@ -162,9 +162,10 @@ def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset(),
                 inputs: Callable[[], dict] | None = None) -> Path | None:
     """A finished run of another experiment beside `out_dir` that is this run (`same_run`),
     started from the same model and data files (`inputs()`, `rundir.input_fingerprint(cfg)`,
-    hashed only when a candidate gets that far; a run that stored none is not checked) and logs every metric in `needs` (what this spec's
-    verdicts read of it: a run trained before a metric existed is not linked), or None. Only real
-    directories are candidates (never another experiment's link)."""
+    hashed only when a candidate gets that far; a run that stored none is not checked) and that
+    logs every metric in `needs` (what this spec's verdicts read of it: a run trained before a
+    metric existed is not linked), or None. Only real directories are candidates (never another
+    experiment's link)."""
     here = out_dir.resolve()
     for exp in sorted(p for p in out_dir.resolve().parent.iterdir() if p.is_dir()):
         if exp == here or not (exp / "runs").is_dir():
