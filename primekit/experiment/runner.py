@@ -385,7 +385,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
                       f"{len(result)} already finished, in {out_dir}")
         try:
             _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch,
-                  (lambda: _save_records(spec, runs, configs, records)) if records else None)
+                  (lambda run: _save_records(spec, [run], configs, records)) if records else None)
         finally:
             display.close()
             if records is not None:
@@ -507,21 +507,19 @@ def _keep_model(step, records: Path | None) -> None:
     """After a prepare step: copy its model into `records` if none is kept there yet; say so when
     the one here differs from the kept one (records of runs from the kept model then never match
     runs from this one)."""
-    from primekit.trainer.checkpoint import _sha256
+    from primekit.trainer.rundir import tree_fingerprint
 
     copy = model_copy(records, step.creates) if records is not None else None
     here = Path(step.creates)
     if copy is None or not here.is_dir():
         return
-    files = {str(p.relative_to(here)): p for p in sorted(here.rglob("*")) if p.is_file()}
     if copy.is_dir() and any(copy.iterdir()):
-        kept = {str(p.relative_to(copy)): p for p in sorted(copy.rglob("*")) if p.is_file()}
-        if set(kept) != set(files) or any(_sha256(kept[k]) != _sha256(files[k]) for k in files):
+        if tree_fingerprint(copy) != tree_fingerprint(here):
             console.print(f"experiment: prepare {step.creates} differs from its copy in {copy}: "
                           f"run records made from that copy will not be restored (delete "
                           f"{step.creates} to use the copy)", markup=False, soft_wrap=True)
         return
-    size = sum(p.stat().st_size for p in files.values())
+    size = sum(p.stat().st_size for p in here.rglob("*") if p.is_file())
     if size > MODEL_COPY_MAX_BYTES:
         console.print(f"experiment: prepare {step.creates} ({size / 2**20:.0f} MiB) is not copied "
                       f"into {records} (more than {MODEL_COPY_MAX_BYTES >> 20} MiB)", markup=False,
@@ -606,9 +604,9 @@ def _record(out_dir: Path, launch: Launch, rc: int) -> None:
 
 
 def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch,
-          on_finished: Callable[[], None] | None = None) -> None:
+          on_finished: Callable[[Run], None] | None = None) -> None:
     """Start the runs of `todo`, `parallel` at a time, until all have ended; `on_finished` is
-    called after each run that finishes (to record it at once, not only at the end)."""
+    called with each run that finishes (to record it at once, not only at the end)."""
     threads = threads_per_run(parallel)
     queue = list(todo)
     running: list[tuple[Run, Launch]] = []
@@ -621,7 +619,7 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
             display.durations.append(time.time() - launch.start)
             result[run.run_id] = FINISHED
             if on_finished is not None:
-                on_finished()
+                on_finished(run)
             display.event(f"finished {run.run_id} ({time.time() - launch.start:.0f} s)")
         else:
             display.failed += 1

@@ -364,24 +364,30 @@ def input_fingerprint(cfg: Config) -> dict[str, dict[str, dict[str, Any]]]:
     """{field: {relative file: {"size", "sha256"}}} of every local file or model directory named
     by `_fingerprint_fields` (hub ids are not local: their id is in the config). Hashing reads
     every byte once (a 7B model's 15 GB take tens of seconds)."""
-    from primekit.trainer.checkpoint import _sha256
 
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for field, where in _fingerprint_fields(cfg).items():
-        if not where:
-            continue
-        root = Path(where).expanduser()
-        if root.is_file():
-            files = {root.name: root}
-        elif root.is_dir():
-            files = {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
-                     if p.is_file() and not any(part.startswith(".")
-                                                for part in p.relative_to(root).parts)}
-        else:
-            continue
-        out[field] = {rel: {"size": p.stat().st_size, "sha256": _sha256(p)}
-                      for rel, p in files.items()}
+        if where:
+            found = tree_fingerprint(Path(where).expanduser())
+            if found is not None:
+                out[field] = found
     return out
+
+
+def tree_fingerprint(root: Path) -> dict[str, dict[str, Any]] | None:
+    """{relative file: {"size", "sha256"}} of a file or of every file below a directory (hidden
+    ones left out); None when `root` does not exist."""
+    from primekit.trainer.checkpoint import _sha256
+
+    if root.is_file():
+        files = {root.name: root}
+    elif root.is_dir():
+        files = {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
+                 if p.is_file() and not any(part.startswith(".")
+                                            for part in p.relative_to(root).parts)}
+    else:
+        return None
+    return {rel: {"size": p.stat().st_size, "sha256": _sha256(p)} for rel, p in files.items()}
 
 
 def input_changes(saved: dict[str, dict], current: dict[str, dict], cfg: Config) -> list[str]:
