@@ -214,6 +214,16 @@ def _fmt_wall(seconds: float) -> str:
     return _fmt_duration(seconds)
 
 
+def _arm_text(spec: Spec, arm: str) -> str:
+    """An arm's overrides as one line; a value per task family as `field={task: value, ...}`."""
+    per_field: dict[str, list[str]] = {}
+    for task, ovr in spec.arm_tasks.get(arm, {}).items():
+        for o in ovr:
+            key, value = o.split("=", 1)
+            per_field.setdefault(key, []).append(f"{task}: {value}")
+    return " ".join([*spec.arms[arm], *(f"{k}={{{', '.join(v)}}}" for k, v in per_field.items())])
+
+
 def _attempts_line(out_dir: Path) -> str:
     """Bookkeeping of the runner (attempts.jsonl), not a result: every attempt's seconds,
     Python start, model loading and export included."""
@@ -278,7 +288,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
         f"- Budget: {spec.budget or '(not stated)'}",
         f"- Seeds: {spec.seeds}; task families: "
         + "; ".join(f"{t} (`{' '.join(o) or 'base'}`)" for t, o in spec.tasks.items()),
-        "- Arms: " + "; ".join(f"{a} (`{' '.join(o) or 'base'}`)" for a, o in spec.arms.items()),
+        "- Arms: " + "; ".join(f"{a} (`{_arm_text(spec, a) or 'base'}`)" for a in spec.arms),
         f"- Runs finished: {len(done)} of {len(done) + len(left)}"
         + (f" (not finished: {', '.join(r.run_id for r in left[:6])}"
            f"{' ...' if len(left) > 6 else ''})" if left else ""),

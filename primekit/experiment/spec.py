@@ -15,6 +15,7 @@ A spec is a YAML file:
     arms:                                     # arm name -> overrides
       prime: {algorithm.reward_mode: prime}
       rloo: {algorithm.reward_mode: outcome}
+      clipped: {explicit.eta: {arith-2-4: 0.8}}  # a value per task family: a mapping of them all
     seeds: [0, 1, 2]                          # train.seed of each run (or a count: 3)
     verdict:                                  # one mapping, or a list of them
       rule: steps-ratio                       # or: difference
@@ -29,7 +30,10 @@ A spec is a YAML file:
       baseline: rloo                          # optional: cells as differences from this arm
 
 Overrides are a mapping of dotted config fields to values, or a list of `field=value` strings;
-`{task}` in a value is replaced by the task family's name (a model trained per task family).
+`{task}` in a value is replaced by the task family's name (a model trained per task family). An
+arm's value may instead be a mapping from every task family's name to that family's value (a
+threshold chosen per task family's reward model, say); the arm's other fields, and the other arms,
+stay common, so runs they share with other specs stay shared.
 Each run is configured as base <- overrides <- the task's <- the arm's <- train.seed, and every
 run's config is built (and so validated by primekit.config) when the spec is loaded: an unknown
 key or a bad override is one `SpecError` line naming the spec file and the field.
@@ -165,6 +169,12 @@ class Spec:
     grid: Grid | None = None  # spec key `map`
     prepare: list[Prepare] = field(default_factory=list)
     path: Path | None = None  # the file it was read from
+    # arm -> task family -> the arm's overrides whose value is given per task family
+    arm_tasks: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    def arm_overrides(self, arm: str, task: str) -> list[str]:
+        """The overrides of `arm` in task family `task`: its common ones, then its per-task ones."""
+        return [*self.arms[arm], *self.arm_tasks.get(arm, {}).get(task, [])]
 
     @property
     def window(self) -> int:
@@ -181,9 +191,10 @@ class Spec:
         for task, task_ovr in self.tasks.items():
             sft = [f"model.policy={sft_dir(out_dir, task)}"] if self.sft is not None else []
             for seed in self.seeds:
-                for arm, arm_ovr in self.arms.items():
+                for arm in self.arms:
                     run_id = f"{task}--{arm}--s{seed}"
                     run_dir = out_dir / "runs" / run_id
+                    arm_ovr = self.arm_overrides(arm, task)
                     ovr = [*self.overrides, *task_ovr, *sft, *arm_ovr, f"train.seed={seed}",
                            f"train.run_dir={run_dir}"]
                     ovr = [o.replace("{task}", task) for o in ovr]
@@ -241,6 +252,31 @@ def _overrides(raw: Any, where: str, err) -> list[str]:
               f"'section.field=value' strings), got {raw!r}")
 
 
+def _arm_overrides(raw: Any, where: str, err, tasks: list[str]
+                   ) -> tuple[list[str], dict[str, list[str]]]:
+    """An arm's overrides: (the common "field=value" strings, {task: its per-task strings}).
+
+    A value that is a mapping from every task family's name to a value is given per task family.
+    """
+    if not isinstance(raw, dict):
+        return _overrides(raw, where, err), {}
+    common, per_task = {}, {t: [] for t in tasks}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            names = [str(k) for k in value]
+            if sorted(names) != sorted(tasks):
+                raise err(f"{where}.{key}: a value per task family needs exactly the task "
+                          f"families {tasks} as keys, got {names}")
+            for task, v in value.items():
+                if isinstance(v, dict):
+                    raise err(f"{where}.{key}.{task}: expected a value, got a mapping")
+                per_task[str(task)].extend(_overrides({key: v}, where, err))
+        else:
+            common[key] = value
+    per_task = {t: o for t, o in per_task.items() if o}
+    return _overrides(common, where, err), per_task
+
+
 def packaged_specs() -> list[str]:
     return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
 
@@ -287,11 +323,13 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
     arms = data["arms"]
     if not isinstance(arms, dict) or len(arms) < 2:
         raise err(f"arms: expected a mapping of at least two arm names to overrides, got {arms!r}")
-    arm_ovr = {str(a): _overrides(o, f"arms.{a}", err) for a, o in arms.items()}
     tasks_raw = data.get("tasks") or {"default": {}}
     if not isinstance(tasks_raw, dict):
         raise err(f"tasks: expected a mapping of task family names to overrides, got {tasks_raw!r}")
     tasks = {str(t): _overrides(o, f"tasks.{t}", err) for t, o in tasks_raw.items()}
+    parsed = {str(a): _arm_overrides(o, f"arms.{a}", err, list(tasks)) for a, o in arms.items()}
+    arm_ovr = {a: common for a, (common, _) in parsed.items()}
+    arm_tasks = {a: per_task for a, (_, per_task) in parsed.items() if per_task}
     for what, names in (("arms", arm_ovr), ("tasks", tasks)):
         bad = [n for n in names if not n or "/" in n or "--" in n or n.startswith(".")]
         if bad:
@@ -319,7 +357,7 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
                                                                 "sft", err),
         budget=str(data.get("budget") or "").strip(), path=path,
         grid=_grid(data["map"], arm_ovr, err) if data.get("map") is not None else None,
-        prepare=_prepare(data.get("prepare"), err))
+        prepare=_prepare(data.get("prepare"), err), arm_tasks=arm_tasks)
     try:
         spec.base_path()
     except ConfigError as e:
@@ -455,7 +493,8 @@ def _check_runs(spec: Spec, err) -> None:
                 load_config(base, spec.sft_overrides(Path("exp"), task))
             except ConfigError as e:
                 raise err(f"sft (task {task}): {e}") from None
-        for arm, arm_ovr in spec.arms.items():
+        for arm in spec.arms:
+            arm_ovr = spec.arm_overrides(arm, task)
             try:
                 load_config(base, [*spec.overrides, *task_ovr, *arm_ovr])
             except ConfigError as e:

@@ -75,6 +75,11 @@ def test_a_good_spec_expands_into_tasks_x_seeds_x_arms(tmp_path):
     ({"prepare": [{"creates": "m", "run": "rm -rf m"}]},
      "prepare[0].run: the command must be one of ['sft', 'train', 'train-prm', 'train-orm']"),
     ({"prepare": [{"creates": "", "run": "sft"}]}, "prepare[0].creates: expected a path"),
+    ({"arms": {"prime": {"prm.beta": {"arith": 0.1}}, "rloo": {}}},
+     "arms.prime.prm.beta: a value per task family needs exactly the task families "
+     "['arith', 'chains'] as keys, got ['arith']"),
+    ({"arms": {"prime": {"prm.beta": {"arith": 0.1, "chains": -1}}, "rloo": {}}},
+     "arms.prime: prm.beta: Input should be greater than 0, got -1"),
     ({"map": {"x": "prm.lr", "y": "prm.beta"}}, "map: missing key 'metrics'"),
     ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["eval/pass@1_greedy"]}},
      "map: fewer than two arms set both prm.lr and prm.beta"),
@@ -95,6 +100,23 @@ def test_spec_errors_are_one_line_naming_the_key(tmp_path, changes, message):
     assert "\n" not in text
     assert text.startswith(f"{path}: ")
     assert message in text
+
+
+def test_an_arm_value_per_task_family_lands_only_in_that_family(tmp_path):
+    # the threshold of Clip chosen per task family's PRM; the arm's other field stays common
+    arms = {"prime": {}, "rloo": {"explicit.transform": "clip",
+                                  "explicit.eta": {"arith": 0.8, "chains": 0.48}}}
+    spec = load_spec(write(tmp_path, arms=arms))
+    assert spec.arms["rloo"] == ["explicit.transform=clip"]
+    assert spec.arm_tasks == {"rloo": {"arith": ["explicit.eta=0.8"],
+                                       "chains": ["explicit.eta=0.48"]}}
+    runs = {r.run_id: r for r in spec.runs(tmp_path / "exp")}
+    assert runs["arith--rloo--s1"].config(spec).explicit.eta == 0.8
+    assert runs["chains--rloo--s1"].config(spec).explicit.eta == 0.48
+    # the arm without per-task values gets exactly the common overrides (so shared runs match)
+    assert runs["chains--prime--s0"].overrides[:3] == [
+        "train.steps=4", "data.task_family=chains", "rollout.max_new_tokens=96"]
+    assert not any("eta" in o for o in runs["chains--prime--s0"].overrides)
 
 
 def test_combination_error_is_attributed_to_the_arm(tmp_path):
@@ -165,3 +187,21 @@ def test_online_vs_frozen_prepares_exactly_prime_vs_rloos_run():
         assert step.creates == f"{run.run_dir}/final/prm"
         online = [r for r in ovf.runs(Path("x")) if (r.task, r.arm) == (task, "online-trained")]
         assert f"model.prm={step.creates}" in online[0].overrides  # the arm reads what it makes
+
+
+def test_gao_clip_delta_eta_trains_only_its_clip_arms():
+    # Clip's threshold is set per task family's PRM in the clip arms only; sr, sr-pr and delta are
+    # gao-clip-delta's runs, found as shared (same config up to where a run lives).
+    import json
+
+    from primekit.experiment.records import same_run
+
+    eta = load_spec("gao-clip-delta-eta")
+    gao = load_spec("gao-clip-delta")
+    base = {r.run_id: r for r in gao.runs(Path("exp/gao-clip-delta"))}
+    for r in eta.runs(Path("exp/gao-clip-delta-eta")):
+        cfg = r.config(eta)
+        saved = json.loads(json.dumps(base[r.run_id].config(gao).to_dict()))
+        assert same_run(saved, cfg) == (r.arm in ("sr", "sr-pr", "delta")), r.run_id
+        if r.arm.startswith("clip"):
+            assert cfg.explicit.eta == {"arithmetic": 0.80, "chains": 0.48}[r.task]
