@@ -77,6 +77,27 @@ def orm_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
     return out
 
 
+def _warn_about_eta(path: str, eta: float) -> None:
+    """A warning when Clip's threshold does not suit the PRM, from the held-out step
+    probabilities `primekit train-prm` stored beside it (a local directory only)."""
+    import json
+    from pathlib import Path
+
+    from primekit.logging import console
+    from primekit.reward_models.prm import eta_warning
+
+    stored = Path(path) / "train_metrics.json"
+    if not stored.is_file():
+        return
+    try:
+        summary = json.loads(stored.read_text()).get("summary", {})
+    except (OSError, ValueError, AttributeError):
+        return
+    msg = eta_warning(eta, summary)
+    if msg and dist.is_main():
+        console.print(f"[yellow]warning: {msg} ({stored})[/]")
+
+
 class ExplicitRewarder:
     """The frozen ORM or step-level PRM at cfg.explicit.model_path, by cfg.algorithm.reward_mode
     ("explicit-orm" | "explicit-prm"), placed by `placement` (FSDP2-sharded under torchrun, as
@@ -128,6 +149,8 @@ class ExplicitRewarder:
             path, device=self.device, trust_remote_code=cfg.model.trust_remote_code,
             dtype=placement.storage_dtype if placement is not None else torch.float32,
         )
+        if mode == "prm" and e.transform in ("clip", "clip-delta"):
+            _warn_about_eta(path, e.eta)
         if placement is not None:
             if placement.trainable:
                 raise ValueError("an explicit reward model is frozen: placement.trainable=False")

@@ -23,7 +23,8 @@ from primekit.reward_models.heads import batch_response_logits
 from primekit.reward_models.orm import binary_metrics, fit_score_save
 from primekit.rollout.base import RolloutBatch
 
-__all__ = ["gather_steps", "prm_step_loss", "prm_step_scores", "train_prm"]
+__all__ = ["eta_warning", "gather_steps", "prm_step_loss", "prm_step_scores", "suggested_eta",
+           "train_prm"]
 
 
 def gather_steps(token_values: torch.Tensor, step_end_positions: torch.Tensor) -> torch.Tensor:
@@ -211,6 +212,42 @@ def _label_splits(cfg: Config, setup):
     return splits
 
 
+def suggested_eta(probs: torch.Tensor, correct: torch.Tensor) -> float | None:
+    """Clip's threshold for this PRM (docs/explicit_rewards.md section 7): halfway between the
+    median probability of the held-out steps labelled wrong and that of the steps labelled right.
+
+    Formula: eta = (median(p | y = 0) + median(p | y = 1)) / 2 (torch.quantile's median: the mean of
+    the two middle values of an even count). Gao et al. Eq. 5 leave eta open.
+    Args: probs [M] step probabilities, correct [M] bool labels. Returns eta, or None without
+    both classes.
+    """
+    correct = correct.bool()
+    if not bool(correct.any()) or bool(correct.all()):
+        return None
+    p = probs.float()
+    return float((p[~correct].quantile(0.5) + p[correct].quantile(0.5)) / 2)
+
+
+def eta_warning(eta: float, summary: dict) -> str | None:
+    """Why Clip's threshold `eta` would do little with the PRM whose `train_prm` summary this is,
+    or None. Below the lower quartile of the probabilities of held-out steps labelled wrong, Clip
+    penalises almost no step (with Delta: a dense reward of exactly 0 where every step clears it);
+    above the upper quartile of the steps labelled right, it penalises nearly every step alike."""
+    low = summary.get("step_prm/heldout_prob_label0_p25")
+    high = summary.get("step_prm/heldout_prob_label1_p75")
+    tip = summary.get("step_prm/suggested_eta")
+    tip = f"; this PRM's held-out steps suggest explicit.eta={tip:.2f}" if tip is not None else ""
+    if low is not None and eta < low:
+        return (f"explicit.eta={eta:g} is below {low:.2f}, the lower quartile of this PRM's "
+                f"probabilities on held-out steps labelled wrong: Clip will penalise almost no "
+                f"step{tip}")
+    if high is not None and eta > high:
+        return (f"explicit.eta={eta:g} is above {high:.2f}, the upper quartile of this PRM's "
+                f"probabilities on held-out steps labelled right: Clip will penalise nearly "
+                f"every step{tip}")
+    return None
+
+
 def _heldout_step_metrics(probs: torch.Tensor, heldout: RolloutBatch,
                           labels) -> dict[str, float]:
     """Step classification on the held-out split: every step, the Monte-Carlo-labelled ones
@@ -229,4 +266,7 @@ def _heldout_step_metrics(probs: torch.Tensor, heldout: RolloutBatch,
             q = torch.quantile(probs[sel].float(), torch.tensor([0.25, 0.5, 0.75]))
             for p, v in zip((25, 50, 75), q.tolist()):
                 metrics[f"step_prm/heldout_prob_{name}_p{p}"] = v
+    eta = suggested_eta(probs[m], y[m])
+    if eta is not None:
+        metrics["step_prm/suggested_eta"] = eta
     return metrics
