@@ -188,6 +188,27 @@ def grid_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[st
     return lines
 
 
+def per_seed_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[str]:
+    """Each verdict metric's final value in every run, seed by seed: what the intervals summarise
+    (one seed far from the others shows here)."""
+    lines = []
+    for key in dict.fromkeys(v.metric for v in spec.verdicts):
+        if not any(key in g.series for gs in logs.values() for g in gs):
+            continue
+        what = "final evaluation" if key.startswith("eval/") else f"mean of the last {spec.window} steps"
+        lines += [f"### Per seed: `{key}` ({what})", "",
+                  "| arm | " + " | ".join(spec.tasks) + " |", "|---|" + "---|" * len(spec.tasks)]
+        for arm in spec.arms:
+            cells = []
+            for task in spec.tasks:
+                vals = [(g.seed, g.final(key, spec.window)) for g in logs.get((task, arm), [])]
+                cells.append(" · ".join(f"s{sd} {x:.3f}" for sd, x in vals if x is not None)
+                             or "-")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def collect(spec: Spec, out_dir: Path) -> tuple[dict[tuple[str, str], list[RunLog]],
                                                 list[Run], list[Run]]:
     """(task, arm) -> the finished runs' logs; the finished runs; the unfinished ones."""
@@ -204,6 +225,7 @@ def collect(spec: Spec, out_dir: Path) -> tuple[dict[tuple[str, str], list[RunLo
             left.append(run)
             continue
         done.append(run)
+        log.seed = run.seed
         logs.setdefault((run.task, run.arm), []).append(log)
     return logs, done, left
 
@@ -324,6 +346,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
                 cells.append(stats.t_interval(vals).fmt() if vals else "-")
             lines.append(f"| {arm} | {len(gs)} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += per_seed_lines(spec, logs)
     lines += grid_lines(spec, logs)
     if figures:
         lines += ["## Plots", "",

@@ -19,6 +19,7 @@ class RunLog:
 
     series: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     wall_s: float = 0.0  # first line's time to last line's, plus the first step's own seconds
+    seed: int | None = None  # train.seed, where the caller knows it (an experiment's run)
 
     def final(self, key: str, window: int) -> float | None:
         if key not in self.series:

@@ -100,6 +100,15 @@ def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
     assert (out / "plots" / "train_reward.png").read_bytes()[:4] == b"\x89PNG"
     # The final-metrics table has both arms with n = 2 seeds.
     assert "| prime | 2 |" in text and "| rloo | 2 |" in text
+    # ... and the verdict metric run by run: each seed's mean over its (2) last steps
+    per_seed = []
+    for seed in (0, 1):
+        rows = [json.loads(x) for x in (out / "runs" / f"default--rloo--s{seed}" /
+                                        "metrics.jsonl").read_text().splitlines()]
+        vals = [r["reward/outcome_mean_sampled"] for r in rows if "reward/outcome_mean_sampled" in r]
+        per_seed.append(f"s{seed} {sum(vals[-2:]) / len(vals[-2:]):.3f}")
+    assert "### Per seed: `reward/outcome_mean_sampled`" in text
+    assert f"| rloo | {' · '.join(per_seed)} |" in text
 
     # An edited spec does not silently reuse runs trained with the old config.
     edited = load_spec(write_spec(tmp_path / "edited.yaml", tiny_model_dir,
