@@ -231,20 +231,21 @@ def suggested_eta(probs: torch.Tensor, correct: torch.Tensor) -> float | None:
 def eta_warning(eta: float, summary: dict) -> str | None:
     """Why Clip's threshold `eta` would do little with the PRM whose `train_prm` summary this is,
     or None. Below the lower quartile of the probabilities of held-out steps labelled wrong, Clip
-    penalises almost no step (with Delta: a dense reward of exactly 0 where every step clears it);
-    above the upper quartile of the steps labelled right, it penalises nearly every step alike."""
+    penalises fewer than a quarter of the wrong steps (with Delta: a dense reward of exactly 0
+    where every step clears it); above the upper quartile of the steps labelled right, it
+    penalises more than three quarters of the right ones too."""
     low = summary.get("step_prm/heldout_prob_label0_p25")
     high = summary.get("step_prm/heldout_prob_label1_p75")
     tip = summary.get("step_prm/suggested_eta")
     tip = f"; this PRM's held-out steps suggest explicit.eta={tip:.2f}" if tip is not None else ""
     if low is not None and eta < low:
         return (f"explicit.eta={eta:g} is below {low:.2f}, the lower quartile of this PRM's "
-                f"probabilities on held-out steps labelled wrong: Clip will penalise almost no "
-                f"step{tip}")
+                f"probabilities on held-out steps labelled wrong: Clip will penalise fewer than a "
+                f"quarter of the wrong steps{tip}")
     if high is not None and eta > high:
         return (f"explicit.eta={eta:g} is above {high:.2f}, the upper quartile of this PRM's "
-                f"probabilities on held-out steps labelled right: Clip will penalise nearly "
-                f"every step{tip}")
+                f"probabilities on held-out steps labelled right: Clip will penalise more than "
+                f"three quarters of the right steps{tip}")
     return None
 
 

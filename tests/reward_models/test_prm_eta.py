@@ -29,12 +29,12 @@ ARITH = {"step_prm/heldout_prob_label0_p25": 0.605, "step_prm/heldout_prob_label
 
 @pytest.mark.parametrize("eta, expected", [
     (0.25, "explicit.eta=0.25 is below 0.60, the lower quartile of this PRM's probabilities on "
-           "held-out steps labelled wrong: Clip will penalise almost no step; this PRM's held-out "
-           "steps suggest explicit.eta=0.80"),
+           "held-out steps labelled wrong: Clip will penalise fewer than a quarter of the wrong "
+           "steps; this PRM's held-out steps suggest explicit.eta=0.80"),
     (0.80, None),
     (0.95, "explicit.eta=0.95 is above 0.93, the upper quartile of this PRM's probabilities on "
-           "held-out steps labelled right: Clip will penalise nearly every step; this PRM's "
-           "held-out steps suggest explicit.eta=0.80"),
+           "held-out steps labelled right: Clip will penalise more than three quarters of the "
+           "right steps; this PRM's held-out steps suggest explicit.eta=0.80"),
 ])
 def test_eta_warning(eta, expected):
     assert eta_warning(eta, ARITH) == expected
