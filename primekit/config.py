@@ -223,7 +223,9 @@ class ExplicitRewardConfig:
     transform: Literal[
         "none", "clip", "delta", "clip-delta", "normed", "length-norm", "length-penalty"
     ] = "none"
-    eta: float = 0.0
+    # Clip's threshold on step probabilities, or "auto": the PRM's own `step_prm/suggested_eta`
+    # (halfway between its held-out medians of wrong and right steps, from its train_metrics.json).
+    eta: float | Literal["auto"] = 0.0
     length_penalty: float = 0.0
     # Steps end at this string, or at a regular expression written "re:<pattern>" (the
     # arithmetic task writes one step per line).

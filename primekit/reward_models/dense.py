@@ -31,7 +31,7 @@ from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place
 from primekit.models.parallel import Placement, prepare_model
 from primekit.reward_models.heads import load_reward_model
 from primekit.reward_models.orm import last_token_index, orm_scores
-from primekit.reward_models.prm import prm_step_scores
+from primekit.reward_models.prm import prm_step_scores, resolve_eta
 from primekit.rollout.base import RolloutBatch
 
 __all__ = ["ExplicitRewarder", "orm_token_rewards", "transform_step_rewards"]
@@ -80,22 +80,13 @@ def orm_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
 def _warn_about_eta(path: str, eta: float) -> None:
     """A warning when Clip's threshold does not suit the PRM, from the held-out step
     probabilities `primekit train-prm` stored beside it (a local directory only)."""
-    import json
-    from pathlib import Path
-
     from primekit.logging import console
-    from primekit.reward_models.prm import eta_warning
+    from primekit.reward_models.prm import eta_warning, stored_summary
 
-    stored = Path(path) / "train_metrics.json"
-    if not stored.is_file():
-        return
-    try:
-        summary = json.loads(stored.read_text()).get("summary", {})
-    except (OSError, ValueError, AttributeError):
-        return
-    msg = eta_warning(eta, summary)
+    summary = stored_summary(path)
+    msg = eta_warning(eta, summary) if summary is not None else None
     if msg and dist.is_main():
-        console.print(f"[yellow]warning: {msg} ({stored})[/]")
+        console.print(f"[yellow]warning: {msg} ({path}/train_metrics.json)[/]")
 
 
 class ExplicitRewarder:
@@ -126,16 +117,22 @@ class ExplicitRewarder:
             raise ValueError(
                 f"explicit.transform: {e.transform!r} applies to a step-level PRM, not to an ORM"
             )
+        clips = mode == "prm" and e.transform in ("clip", "clip-delta")
+        eta = resolve_eta(e.eta, path) if clips else (0.0 if e.eta == "auto" else float(e.eta))
+        if clips and e.eta == "auto" and dist.is_main():
+            from primekit.logging import console
+
+            console.print(f"explicit.eta=auto: {eta:.3f}, the PRM's step_prm/suggested_eta")
         # Check the transform's parameters now, not at the first RL step.
         transform_step_rewards(
             torch.zeros(1, 1),
             torch.ones(1, 1, dtype=torch.bool),
             e.transform,
-            eta=e.eta,
+            eta=eta,
             length_penalty=e.length_penalty,
         )
         self.mode, self.tokenizer, self.device = mode, tokenizer, torch.device(device)
-        self.transform, self.eta, self.length_penalty = e.transform, e.eta, e.length_penalty
+        self.transform, self.eta, self.length_penalty = e.transform, eta, e.length_penalty
         self.delimiter = e.step_delimiter
         # algorithm.credit over the steps, after the transform (Clip / Delta first, then min-form)
         self.credit, self.credit_temperature = cfg.algorithm.credit, cfg.algorithm.credit_temperature
@@ -149,8 +146,8 @@ class ExplicitRewarder:
             path, device=self.device, trust_remote_code=cfg.model.trust_remote_code,
             dtype=placement.storage_dtype if placement is not None else torch.float32,
         )
-        if mode == "prm" and e.transform in ("clip", "clip-delta"):
-            _warn_about_eta(path, e.eta)
+        if clips and e.eta != "auto":
+            _warn_about_eta(path, eta)
         if placement is not None:
             if placement.trainable:
                 raise ValueError("an explicit reward model is frozen: placement.trainable=False")

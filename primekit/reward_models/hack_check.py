@@ -25,7 +25,7 @@ import torch
 from primekit.algorithms.segmentation import steps
 from primekit.config import Config, ConfigError
 from primekit.reward_models.dense import transform_step_rewards
-from primekit.reward_models.prm import prm_step_scores
+from primekit.reward_models.prm import prm_step_scores, resolve_eta
 from primekit.rollout.base import batch_from_texts
 
 __all__ = [
@@ -118,6 +118,7 @@ class HackCheckResult:
     returns: dict[str, torch.Tensor] = field(default_factory=dict)
     correct: torch.Tensor | None = None
     steps: torch.Tensor | None = None
+    eta: float = 0.0  # Clip's threshold the returns were computed with
 
     def max_gain(self) -> dict[str, float]:
         """Per design: the largest (variant return - original return) over responses and variants."""
@@ -169,7 +170,7 @@ def run_hack_check(
         V, R + 1, n
     )
     n_steps = step_mask.sum(1).float().view(V, R + 1, n)
-    result = HackCheckResult(returns=returns, correct=correct, steps=n_steps)
+    result = HackCheckResult(returns=returns, correct=correct, steps=n_steps, eta=eta)
     for v, kind in enumerate(VARIANTS):
         for k in range(R + 1):
             if k == 0 and v > 0:
@@ -223,6 +224,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
 
     e, h = cfg.explicit, cfg.hack_check
     prm_path, separator = _checked_settings(cfg)
+    eta = resolve_eta(cfg.explicit.eta, prm_path)
     start = time.perf_counter()
     device = resolve_device(cfg.train.device)
     verifier = build_verifier(verifier_task(cfg), cfg.verifier)
@@ -239,7 +241,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
         verifier,
         delimiter=e.step_delimiter,
         separator=separator,
-        eta=e.eta,
+        eta=eta,
         length_penalty=e.length_penalty,
         max_repeats=h.max_repeats,
         micro_batch_size=cfg.policy.micro_batch_size,
@@ -317,7 +319,7 @@ def _report(cfg: Config, result: HackCheckResult, responses: list[str], prm_path
     wide = Console(width=160)  # the table is wider than a default 80-column pipe
     print_table(
         f"hack-check: mean dense return over {len(responses)} correct responses "
-        f"(eta={e.eta}, length_penalty={e.length_penalty})",
+        f"(eta={result.eta:g}, length_penalty={e.length_penalty})",
         result.rows,
         console=wide,
     )
@@ -333,7 +335,7 @@ def _report(cfg: Config, result: HackCheckResult, responses: list[str], prm_path
                 "prm": str(prm_path),
                 "source": h.source,
                 "responses": len(responses),
-                "eta": e.eta,
+                "eta": result.eta,
                 "length_penalty": e.length_penalty,
                 "rows": result.rows,
                 "max_gain": gains,

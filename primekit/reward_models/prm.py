@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from primekit.algorithms.segmentation import segment_batch, steps
-from primekit.config import Config
+from primekit.config import Config, ConfigError
 from primekit.reward_models.heads import batch_response_logits
 from primekit.reward_models.orm import binary_metrics, fit_score_save
 from primekit.rollout.base import RolloutBatch
 
-__all__ = ["eta_warning", "gather_steps", "prm_step_loss", "prm_step_scores", "suggested_eta",
-           "train_prm"]
+__all__ = ["eta_warning", "gather_steps", "prm_step_loss", "prm_step_scores", "resolve_eta",
+           "suggested_eta", "train_prm"]
 
 
 def gather_steps(token_values: torch.Tensor, step_end_positions: torch.Tensor) -> torch.Tensor:
@@ -237,7 +237,8 @@ def eta_warning(eta: float, summary: dict) -> str | None:
     low = summary.get("step_prm/heldout_prob_label0_p25")
     high = summary.get("step_prm/heldout_prob_label1_p75")
     tip = summary.get("step_prm/suggested_eta")
-    tip = f"; this PRM's held-out steps suggest explicit.eta={tip:.2f}" if tip is not None else ""
+    tip = (f"; this PRM's held-out steps suggest explicit.eta={tip:.2f} (explicit.eta=auto "
+           "takes it)" if tip is not None else "")
     if low is not None and eta < low:
         return (f"explicit.eta={eta:g} is below {low:.2f}, the lower quartile of this PRM's "
                 f"probabilities on held-out steps labelled wrong: Clip will penalise fewer than a "
@@ -247,6 +248,35 @@ def eta_warning(eta: float, summary: dict) -> str | None:
                 f"probabilities on held-out steps labelled right: Clip will penalise more than "
                 f"three quarters of the right steps{tip}")
     return None
+
+
+def stored_summary(path: str) -> dict | None:
+    """The `train_prm` summary stored beside a PRM (`<path>/train_metrics.json`), or None (no such
+    local file, e.g. a hub id, or unreadable)."""
+    import json
+    from pathlib import Path
+
+    stored = Path(path) / "train_metrics.json"
+    if not stored.is_file():
+        return None
+    try:
+        summary = json.loads(stored.read_text()).get("summary")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def resolve_eta(eta: float | str, path: str | None) -> float:
+    """explicit.eta as a number: itself, or for "auto" the PRM's `step_prm/suggested_eta`."""
+    if eta != "auto":
+        return float(eta)
+    summary = stored_summary(path) if path is not None else None
+    value = (summary or {}).get("step_prm/suggested_eta")
+    if value is None:
+        raise ConfigError(
+            f"explicit.eta=auto: no step_prm/suggested_eta in {path}/train_metrics.json (written "
+            "by `primekit train-prm`); give a number in (0, 1] instead")
+    return float(value)
 
 
 def _heldout_step_metrics(probs: torch.Tensor, heldout: RolloutBatch,

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
+from primekit.config import ConfigError
 from primekit.reward_models.dense import _warn_about_eta
-from primekit.reward_models.prm import eta_warning, suggested_eta
+from primekit.reward_models.prm import eta_warning, resolve_eta, suggested_eta
 
 
 def test_suggested_eta_is_halfway_between_the_class_medians():
@@ -30,11 +31,12 @@ ARITH = {"step_prm/heldout_prob_label0_p25": 0.605, "step_prm/heldout_prob_label
 @pytest.mark.parametrize("eta, expected", [
     (0.25, "explicit.eta=0.25 is below 0.60, the lower quartile of this PRM's probabilities on "
            "held-out steps labelled wrong: Clip will penalise fewer than a quarter of the wrong "
-           "steps; this PRM's held-out steps suggest explicit.eta=0.80"),
+           "steps; this PRM's held-out steps suggest explicit.eta=0.80 (explicit.eta=auto takes it)"),
     (0.80, None),
     (0.95, "explicit.eta=0.95 is above 0.93, the upper quartile of this PRM's probabilities on "
            "held-out steps labelled right: Clip will penalise more than three quarters of the "
-           "right steps; this PRM's held-out steps suggest explicit.eta=0.80"),
+           "right steps; this PRM's held-out steps suggest explicit.eta=0.80 (explicit.eta=auto "
+           "takes it)"),
 ])
 def test_eta_warning(eta, expected):
     assert eta_warning(eta, ARITH) == expected
@@ -52,3 +54,11 @@ def test_the_rewarder_warns_from_the_prm_directory(tmp_path, capsys):
     _warn_about_eta(str(tmp_path), 0.8)
     _warn_about_eta("some-org/hub-prm", 0.25)  # not a local directory: nothing to read
     assert capsys.readouterr().out == ""
+
+
+def test_resolve_eta(tmp_path):
+    assert resolve_eta(0.25, None) == 0.25
+    (tmp_path / "train_metrics.json").write_text(json.dumps({"summary": ARITH}))
+    assert resolve_eta("auto", str(tmp_path)) == 0.797
+    with pytest.raises(ConfigError, match="explicit.eta=auto: no step_prm/suggested_eta in "):
+        resolve_eta("auto", str(tmp_path / "missing"))

@@ -136,3 +136,28 @@ def test_rewarder_rejects_bad_setups(rm_dir, batch):
     with pytest.raises(ValueError, match=r"explicit.model_path: reward_mode=explicit-orm needs a "
                                          r"trained reward model \(primekit train-orm\)"):
         ExplicitRewarder(cfg, tok)
+
+
+def test_eta_auto_reads_the_prms_suggestion(rm_dir, batch, tmp_path):
+    import json
+    import shutil
+
+    from primekit.config import ConfigError
+
+    tok, b = batch
+    prm = tmp_path / "prm"
+    shutil.copytree(rm_dir, prm)
+    auto = ["explicit.transform=clip", "explicit.eta=auto"]
+    # no train_metrics.json beside the PRM: a configuration error naming the fix
+    with pytest.raises(ConfigError, match=r"explicit.eta=auto: no step_prm/suggested_eta in "):
+        ExplicitRewarder(_cfg("prm", prm, *auto), tok)
+    # transforms that do not read eta do not need it
+    assert ExplicitRewarder(_cfg("prm", prm, "explicit.eta=auto"), tok).eta == 0.0
+    (prm / "train_metrics.json").write_text(json.dumps({"summary": {"step_prm/suggested_eta": 0.5}}))
+    rewarder = ExplicitRewarder(_cfg("prm", prm, *auto), tok)
+    assert rewarder.eta == 0.5
+    # the same rewards as eta given as the number
+    rewards, _ = rewarder.token_rewards(b)
+    given, _ = ExplicitRewarder(_cfg("prm", prm, "explicit.transform=clip", "explicit.eta=0.5"),
+                                tok).token_rewards(b)
+    assert torch.equal(rewards, given)
