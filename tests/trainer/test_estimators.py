@@ -35,3 +35,20 @@ def test_the_configs_sample_check_agrees_with_min_samples(name):
             load_config(None, one)
     else:
         assert load_config(None, one).rollout.n_samples == 1
+
+
+def test_prime_with_grpo_warns(tiny_model_dir, capsys):
+    # docs/experiments/estimators.md: PRIME + GRPO (App. B.3's normalisation) collapsed every seed
+    import torch
+
+    from primekit.config import load_config
+    from primekit.factory import build_rewarder
+    from primekit.models.hf import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    for estimator, warned in (("grpo", True), ("rloo", False)):
+        cfg = load_config(None, [f"model.policy={tiny_model_dir}",
+                                 f"algorithm.estimator={estimator}"])
+        build_rewarder(cfg, tok, torch.device("cpu"))
+        out = " ".join(capsys.readouterr().out.split())
+        assert ("warning: PRIME with algorithm.estimator=grpo" in out) == warned, estimator
