@@ -175,6 +175,10 @@ class AlgorithmConfig:
     estimator: Literal["rloo", "grpo", "reinforce", "ppo", "prime-value"] = "rloo"
     rloo_variant: Literal["eq5", "reference"] = "eq5"
     grpo_scale_by_std: bool = True
+    # PRIME + GRPO: normalise the process rewards by the group's K response means ("response-
+    # means", App. B.3 as we read it; collapsed in docs/experiments/estimators.md) or by all of
+    # the group's tokens ("tokens"); docs/algorithms.md.
+    grpo_process_norm: Literal["response-means", "tokens"] = "response-means"
     reinforce_baseline: Literal["none", "batch-mean"] = "batch-mean"
     # Coefficients of the dense (process) reward, implicit or explicit, and of the verifier's
     # outcome (success) reward. The PRIME reference code scales both by 5 and whitens, so only

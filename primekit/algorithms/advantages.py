@@ -280,24 +280,44 @@ def prime_grpo_process_returns(
     gamma: float = 1.0,
     *,
     scale_by_std: bool = True,
+    norm: str = "response-means",
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """PRIME process term for GRPO (our reading of PRIME App. B.3).
 
-    Formula: with m_j = mean over sample j's valid tokens of r_phi, over i's group g:
+    Formula, norm="response-means" (the default): with m_j = mean over sample j's valid tokens of
+    r_phi, over i's group g,
       r'_t = (r_t - mean_{j in g} m_j) / (std_{j in g} m_j + eps),  G_t = sum_{s>=t} gamma^(s-t) r'_s
-    (group statistics of the response-averaged process rewards, including i itself; std unbiased).
-    Ambiguous in the paper: whether std is of the K response means or of all tokens of the group,
-    and whether the normalised per-token reward or its return is normalised; see docs/algorithms.md.
+    (group statistics of the K response-averaged process rewards, i included; std unbiased).
+    norm="tokens": the same with mean and unbiased std over all valid tokens of the group,
+      r'_t = (r_t - mean_{(j,s) in g} r_{j,s}) / (std_{(j,s) in g} r_{j,s} + eps).
+    The paper is ambiguous between these (std of response means or of all tokens); the means
+    vary far less than the tokens, so "response-means" can give very large r'_t (measured in
+    docs/experiments/estimators.md); see docs/algorithms.md.
 
-    Args: token_rewards [N, T], response_mask [N, T], group_ids [N], gamma.
+    Args: token_rewards [N, T], response_mask [N, T], group_ids [N], gamma;
+        norm: "response-means" | "tokens".
     Returns: process returns [N, T].
     """
     mask = _mask(response_mask, token_rewards)
-    m = _seq_token_mean(token_rewards, mask)  # [N]
-    shaped = token_rewards - group_mean(m, group_ids)[:, None]
-    if scale_by_std:
-        shaped = shaped / (group_std(m, group_ids)[:, None] + eps)
+    if norm == "response-means":
+        m = _seq_token_mean(token_rewards, mask)  # [N]
+        mean, std = group_mean(m, group_ids), (group_std(m, group_ids) if scale_by_std else None)
+    elif norm == "tokens":
+        mf = mask.to(token_rewards.dtype)  # [N, T]
+        n_tok = group_sum(mf.sum(dim=1), group_ids)  # [N] valid tokens in i's group
+        r = _zero_off(token_rewards, mask)  # [N, T], padding may hold NaN
+        mean = group_sum(r.sum(dim=1), group_ids) / n_tok.clamp(min=1)  # [N]
+        std = None
+        if scale_by_std:
+            dev = _zero_off(r - mean[:, None], mask)  # [N, T]
+            ss = group_sum((dev * dev).sum(dim=1), group_ids)  # [N]
+            std = torch.sqrt(ss / (n_tok - 1).clamp(min=1))
+    else:
+        raise ValueError(f"norm must be 'response-means' or 'tokens', got {norm!r}")
+    shaped = token_rewards - mean[:, None]
+    if std is not None:
+        shaped = shaped / (std[:, None] + eps)
     return discounted_returns(shaped, mask, gamma)
 
 
@@ -502,6 +522,7 @@ def grpo_advantages(
     token_rewards: torch.Tensor | None = None,
     gamma: float = 1.0,
     scale_by_std: bool = True,
+    process_norm: str = "response-means",
     eps: float = 1e-6,
     discount_outcome: bool = False,
 ) -> AdvantageParts:
@@ -517,6 +538,8 @@ def grpo_advantages(
         token_rewards: [N, T] implicit process rewards, or None (outcome-only GRPO).
         gamma: discount in [0, 1].
         scale_by_std: divide by the group std (outcome and process alike).
+        process_norm: "response-means" (std of the K response means, as above) or "tokens"
+            (mean and std over all valid tokens of the group); `prime_grpo_process_returns`.
         eps: added to the std.
         discount_outcome: discount the outcome term from the last token.
     Returns:
@@ -527,7 +550,8 @@ def grpo_advantages(
     process = None
     if token_rewards is not None:
         process = prime_grpo_process_returns(
-            token_rewards, response_mask, group_ids, gamma, scale_by_std=scale_by_std, eps=eps
+            token_rewards, response_mask, group_ids, gamma, scale_by_std=scale_by_std,
+            norm=process_norm, eps=eps,
         )
     return AdvantageParts(outcome, process, kl_discount=gamma)
 
@@ -686,7 +710,7 @@ ESTIMATORS: dict[str, Estimator] = {
         "discount_outcome": a.discount_outcome}),
     "grpo": Estimator(grpo_advantages, min_samples=2, options=lambda a, group_ids, values: {
         "group_ids": group_ids, "scale_by_std": a.grpo_scale_by_std,
-        "discount_outcome": a.discount_outcome}),
+        "process_norm": a.grpo_process_norm, "discount_outcome": a.discount_outcome}),
     "reinforce": Estimator(reinforce_advantages, options=lambda a, group_ids, values: {
         "baseline": a.reinforce_baseline, "discount_outcome": a.discount_outcome}),
     "ppo": Estimator(ppo_advantages, critic=True, options=lambda a, group_ids, values: {

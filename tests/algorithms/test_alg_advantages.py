@@ -108,6 +108,11 @@ def ref_process(tr, mask, ids, gamma, kind):
             mu = sum(means[j] for j in grp) / k
             sd = math.sqrt(sum((means[j] - mu) ** 2 for j in grp) / (k - 1))
             shaped = [(x - mu) / (sd + 1e-6) for x in rows[i]]
+        elif kind == "grpo-tokens":
+            toks = [x for j in grp for x in rows[j]]
+            mu = sum(toks) / len(toks)
+            sd = math.sqrt(sum((x - mu) ** 2 for x in toks) / (len(toks) - 1))
+            shaped = [(x - mu) / (sd + 1e-6) for x in rows[i]]
         elif kind == "reinforce-none":
             shaped = list(rows[i])
         elif kind == "reinforce-batch-mean":
@@ -248,6 +253,18 @@ def test_prime_grpo_and_reinforce_process_hand():
     got = prime_grpo_process_returns(tr, m, g, eps=0.0)
     s2 = math.sqrt(2)
     assert torch.allclose(got, torch.tensor([[-2 / s2, 0.0], [1 / s2, 0.0]], dtype=D))
+    # norm="tokens": the group's tokens 1, 3, 4 have mean 8/3 and unbiased std
+    # sqrt(((1-8/3)^2 + (3-8/3)^2 + (4-8/3)^2)/2) = sqrt((25 + 1 + 16)/9/2) = sqrt(7/3)
+    # A: [(1-8/3), (3-8/3)]/sd = [-5/3, 1/3]/sd -> returns [-4/3/sd, 1/3/sd]; B: [(4/3)/sd]
+    sd = math.sqrt(7 / 3)
+    got = prime_grpo_process_returns(tr, m, g, norm="tokens", eps=0.0)
+    assert torch.allclose(got, torch.tensor([[-4 / 3 / sd, 1 / 3 / sd], [4 / 3 / sd, 0.0]],
+                                            dtype=D))
+    # the token std (1.53) is larger than the means' std (1.41); unscaled, only the means shift
+    got = prime_grpo_process_returns(tr, m, g, norm="tokens", scale_by_std=False)
+    assert torch.allclose(got, torch.tensor([[-4 / 3, 1 / 3], [4 / 3, 0.0]], dtype=D))
+    with pytest.raises(ValueError, match="norm must be"):
+        prime_grpo_process_returns(tr, m, g, norm="sequences")
     # REINFORCE: plain reward-to-go; batch-mean subtracts mean of (2, 4) = 3 from each token
     assert torch.allclose(
         prime_reinforce_process_returns(tr, m), torch.tensor([[4.0, 3.0], [4.0, 0.0]], dtype=D)
@@ -376,6 +393,7 @@ def test_process_terms_match_loop(seed, gamma):
         "eq5": prime_rloo_process_returns(tr, mask, ids, gamma, "eq5"),
         "reference": prime_rloo_process_returns(tr, mask, ids, gamma, "reference"),
         "grpo": prime_grpo_process_returns(tr, mask, ids, gamma),
+        "grpo-tokens": prime_grpo_process_returns(tr, mask, ids, gamma, norm="tokens"),
         "reinforce-none": prime_reinforce_process_returns(tr, mask, gamma),
         "reinforce-batch-mean": prime_reinforce_process_returns(
             tr, mask, gamma, baseline="batch-mean"
@@ -537,6 +555,8 @@ def test_prm_equal_to_reference_gives_zero_process_advantage(seed):
             prime_rloo_process_returns(tr, mask, ids, variant=variant), torch.zeros_like(tr)
         )
     assert torch.equal(prime_grpo_process_returns(tr, mask, ids), torch.zeros_like(tr))
+    assert torch.equal(prime_grpo_process_returns(tr, mask, ids, norm="tokens"),
+                       torch.zeros_like(tr))
     for est in sorted(ESTIMATORS):
         with_prm, _, metrics = run_estimator(est, tr, mask, ids, outcome, values)
         assert float(metrics["adv/process_abs_mean"]) == 0.0, est

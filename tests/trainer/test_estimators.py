@@ -46,9 +46,31 @@ def test_prime_with_grpo_warns(tiny_model_dir, capsys):
     from primekit.models.hf import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
-    for estimator, warned in (("grpo", True), ("rloo", False)):
+    for estimator, norm, warned in (("grpo", "response-means", True), ("rloo", "tokens", False),
+                                    ("grpo", "tokens", False)):
         cfg = load_config(None, [f"model.policy={tiny_model_dir}",
-                                 f"algorithm.estimator={estimator}"])
+                                 f"algorithm.estimator={estimator}",
+                                 f"algorithm.grpo_process_norm={norm}"])
         build_rewarder(cfg, tok, torch.device("cpu"))
         out = " ".join(capsys.readouterr().out.split())
         assert ("warning: PRIME with algorithm.estimator=grpo" in out) == warned, estimator
+
+
+def test_grpo_process_norm_reaches_the_estimator():
+    # algorithm.grpo_process_norm selects the normalisation of prime_grpo_process_returns
+    ids, mask = torch.tensor([0, 0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    tr = torch.tensor([[1.0, 3.0], [4.0, 0.0]])
+    got = {}
+    for norm in ("response-means", "tokens"):
+        a = load_config(None, [f"algorithm.grpo_process_norm={norm}"]).algorithm
+        opts = ESTIMATORS["grpo"].options(a, ids, None)
+        assert opts["process_norm"] == norm
+        got[norm] = ESTIMATORS["grpo"].fn(outcome_rewards=torch.tensor([1.0, 0.0]),
+                                          response_mask=mask, token_rewards=tr, gamma=1.0,
+                                          **opts).process
+    # means 2, 4 (std 1.414) vs tokens 1, 3, 4 (std 1.528): the first token's return differs,
+    # -2/1.414 = -1.414 against -(4/3)/1.528 = -0.873
+    assert got["response-means"][0, 0].item() == pytest.approx(-2 / 2 ** 0.5, abs=1e-5)
+    assert got["tokens"][0, 0].item() == pytest.approx(-4 / 3 / (7 / 3) ** 0.5, abs=1e-5)
+    with pytest.raises(ConfigError):
+        load_config(None, ["algorithm.grpo_process_norm=sequences"])
