@@ -113,15 +113,15 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
 
     m, p = cfg.model, cfg.prm
     check_model_path(m.prm or m.policy, "model.prm")
-    if (cfg.algorithm.estimator == "grpo" and cfg.algorithm.grpo_scale_by_std
-            and cfg.algorithm.grpo_process_norm == "response-means" and dist.is_main()):
+    if cfg.algorithm.estimator == "grpo" and cfg.algorithm.grpo_scale_by_std and dist.is_main():
         from primekit.logging import console
 
         console.print("[yellow]warning: PRIME with algorithm.estimator=grpo divides token rewards "
                       "by the group std of response-averaged rewards (App. B.3); it collapsed "
                       "training in every seed of docs/experiments/estimators.md. rloo is the "
-                      "paper's choice; algorithm.grpo_process_norm=tokens normalises by "
-                      "all of the group's tokens instead.[/]")
+                      "paper's choice. Normalising over the group's tokens "
+                      "(algorithm.grpo_process_norm=tokens) collapsed too "
+                      "(docs/experiments/grpo-process-norm.md).[/]")
     # An online PRM trains with fp32 master weights, as the reference code does.
     model = load_placed(cfg, m.prm or m.policy, device, trainable=p.update == "online")
     optimizer = None

@@ -47,7 +47,7 @@ def test_prime_with_grpo_warns(tiny_model_dir, capsys):
 
     tok = load_tokenizer(tiny_model_dir)
     for estimator, norm, warned in (("grpo", "response-means", True), ("rloo", "tokens", False),
-                                    ("grpo", "tokens", False)):
+                                    ("grpo", "tokens", True)):
         cfg = load_config(None, [f"model.policy={tiny_model_dir}",
                                  f"algorithm.estimator={estimator}",
                                  f"algorithm.grpo_process_norm={norm}"])
