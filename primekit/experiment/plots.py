@@ -142,7 +142,8 @@ def plot_grid(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) 
             for (i, j), c in cells.items():
                 text = (f"{c.value:+.3f}" + ("*" if c.excludes(0.0) else "")) if relative else (
                     f"{c.value:.3f}")
-                ax.text(j, i, text, ha="center", va="center", fontsize=8)
+                ax.text(j, i, text, ha="center", va="center", fontsize=8,
+                        color=_text_colour(im.cmap(im.norm(c.value))))
             ax.set_xticks(range(len(xs)), [str(x) for x in xs])
             ax.set_yticks(range(len(ys)), [str(y) for y in ys])
             ax.set_xlabel(grid.x)
@@ -159,3 +160,10 @@ def plot_grid(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) 
             written.append(path)
         plt.close(fig)
     return written
+
+
+def _text_colour(rgba) -> str:
+    """Black on light cells, white on dark ones (relative luminance, ITU-R BT.709 weights), so a
+    map's strongest cells stay readable."""
+    r, g, b = rgba[:3]
+    return "white" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45 else "black"

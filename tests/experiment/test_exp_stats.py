@@ -250,3 +250,18 @@ def test_map_of_two_override_fields_by_hand(tmp_path):
     (png,) = plot_grid(spec, runs, tmp_path / "plots")
     assert png.name == "map_eval_pass@1_greedy.png".replace("@", "at")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_map_cell_text_is_readable_on_dark_cells():
+    # Luminance 0.2126 r + 0.7152 g + 0.0722 b against 0.45: white (1.0) and the pale centre of
+    # RdBu (~0.97) take black text; RdBu's dark red end (~0.40, 0.00, 0.12: ~0.09) and
+    # viridis' dark purple start (~0.27, 0.00, 0.33: ~0.08) take white.
+    import matplotlib
+
+    from primekit.experiment.plots import _text_colour
+
+    assert _text_colour((1.0, 1.0, 1.0, 1.0)) == "black"
+    assert _text_colour(matplotlib.colormaps["RdBu"](0.5)) == "black"
+    assert _text_colour(matplotlib.colormaps["RdBu"](0.0)) == "white"
+    assert _text_colour(matplotlib.colormaps["viridis"](0.0)) == "white"
+    assert _text_colour(matplotlib.colormaps["viridis"](1.0)) == "black"  # yellow
