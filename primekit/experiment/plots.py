@@ -131,6 +131,11 @@ def plot_grid(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) 
         for ax, task in zip(axes[0], tasks):
             xs, ys, cells, relative = grid_values(spec, logs, task, metric)
             any_relative = any_relative or relative
+            if not cells:  # a family not trained yet: say so rather than draw an empty scale
+                ax.text(0.5, 0.5, f"{task}: no finished runs", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
             z = np.full((len(ys), len(xs)), np.nan)
             for (i, j), c in cells.items():
                 z[i, j] = c.value

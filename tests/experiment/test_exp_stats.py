@@ -208,7 +208,7 @@ def test_map_of_two_override_fields_by_hand(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({
         "name": "s", "claim": "c", "base": "tiny", "seeds": 3,
-        "tasks": {"arith": {}},
+        "tasks": {"arith": {}, "chains": {}},  # chains: no finished runs yet
         "arms": {"rloo": {"algorithm.reward_mode": "outcome"},
                  "a": {"prm.beta": 0.1, "prm.lr": 1.0e-3},
                  "b": {"prm.beta": 0.1, "prm.lr": 1.0e-4},
@@ -247,6 +247,8 @@ def test_map_of_two_override_fields_by_hand(tmp_path):
             g.series["hack/dense_success_corr"] = (np.array([10]), np.array([v]))
     _, _, cells, relative = grid_values(spec, runs, "arith", "hack/dense_success_corr")
     assert not relative and cells[(1, 0)].value == pytest.approx(-0.2)
+    _, _, empty, _ = grid_values(spec, runs, "chains", "eval/pass@1_greedy")
+    assert empty == {}  # its panel says "no finished runs" instead of an empty colour scale
     (png,) = plot_grid(spec, runs, tmp_path / "plots")
     assert png.name == "map_eval_pass@1_greedy.png".replace("@", "at")
     assert png.read_bytes()[:4] == b"\x89PNG"
