@@ -158,7 +158,10 @@ def test_activation_peak_brackets_the_allocator_peak(dtype, checkpointing, chunk
     mask[0, :7] = 0
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    measured = _allocator_peak(model, ids, mask, response, chunk)
+    # The larger of two measurements: once, in a full-suite run on a loaded machine, the
+    # profiler reported 3.4 MB for the 8.3 MB this case measures every time alone (not reproduced
+    # since, under load or in suite order); the larger reading guards against that low one.
+    measured = max(_allocator_peak(model, ids, mask, response, chunk) for _ in range(2))
     estimate = mem.activation_peak_bytes(
         mem.shape_from_hf_config(model.config), rows, prompt + response, response,
         mem.DTYPE_BYTES[dtype], checkpointing=checkpointing, entropy=True, chunk=chunk)
