@@ -5,7 +5,9 @@ encodes them), the same sampling (temperature, top-p) and the same max new token
 once untimed (warm-up: vLLM's first calls build kernels), then `--repeats` rounds call every
 engine once in turn (on a shared machine the load changes by the minute; interleaving spreads
 it evenly). A row reports generated tokens (EOS included, padding not) per second of wall time
-over its timed calls.
+over its timed calls. `hf` is the engine as the trainer runs it (`rollout.hf_decode=auto`:
+the written-out decode step where the model allows it), `hf-model` the same engine with the
+model's own forward at every decode step (`rollout.hf_decode=model`).
 
 vLLM parts (when vLLM can be imported, i.e. in the `.venv-vllm` of `.ci/vllm.sh`):
 - `vllm (primekit engine)`: `VLLMRolloutEngine.generate`, what the trainer calls: one request
@@ -25,7 +27,7 @@ whichever build is installed.
 
 Usage:
     python benchmarks/rollout.py --policy runs/demo/sft [--batch 64] [--max-new-tokens 64]
-        [--repeats 3] [--engines hf,generate,vllm] [--diagnose] [--steps 3]
+        [--repeats 3] [--engines hf,hf-model,generate,vllm] [--diagnose] [--steps 3]
 """
 
 from __future__ import annotations
@@ -68,13 +70,16 @@ def interleaved(calls: dict[str, object], repeats: int) -> dict[str, list[tuple[
     return timed
 
 
-def hf_engine_call(policy, tokenizer, prompts, params, forced: bool = False):
+def hf_engine_call(policy, tokenizer, prompts, params, forced: bool = False,
+                   decode: str = "auto"):
     # forced: an EOS id that no vocabulary entry has, so every row runs max_new_tokens.
     engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=len(prompts),
-                             eos_token_ids=[-1] if forced else None)
+                             eos_token_ids=[-1] if forced else None, decode=decode)
 
     def call(i: int) -> int:
         batch = engine.generate(prompts, params, torch.Generator().manual_seed(1000 + i))
+        if i == -1:
+            console.print(f"HF engine, decode={decode}: decode steps through {engine.decode_path}")
         return int(batch.response_mask.sum())
 
     return call
@@ -211,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     if "hf" in engines:
         calls["primekit HF engine"] = hf_engine_call(policy, tokenizer, prompts, params,
                                                      args.forced)
+    if "hf-model" in engines:  # the same engine with the model's own forward at every step
+        calls["primekit HF engine, decode=model"] = hf_engine_call(
+            policy, tokenizer, prompts, params, args.forced, decode="model")
     if "generate" in engines:
         calls["transformers generate"] = transformers_generate_call(policy, tokenizer, prompts,
                                                                     params, args.forced)

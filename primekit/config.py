@@ -105,6 +105,11 @@ class RolloutConfig:
     top_p: Fraction = 1.0
     max_new_tokens: Positive = 1024
     micro_batch_size: Positive = 256
+    # backend=hf only: "auto" feeds each new token of Llama, Mistral, Qwen2 and Qwen3 models with
+    # plain weights through primekit's written-out decode step (rollout/decode.py; other models
+    # and sharded, adapted or offloaded ones through their own forward); "model": always the
+    # model's own forward (bit-identical to transformers' decode, docs/rollout.md).
+    hf_decode: Literal["auto", "model"] = "auto"
     # backend=vllm only (docs/rollout.md). KV-cache budget: GiB of RAM on a CPU, share of the GPU's
     # memory on a GPU (the trainer's models share it); 0 max model length: the model's own.
     vllm_kv_cache_gib: Positive = 1

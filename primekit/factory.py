@@ -83,7 +83,7 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
                               trust_remote_code=m.trust_remote_code).eval().requires_grad_(False)
                    if own_copy else policy)
         engine = HFRolloutEngine(sampler, tokenizer, micro_batch_size=r.micro_batch_size,
-                                 own_copy=own_copy)
+                                 own_copy=own_copy, decode=r.hf_decode)
     if verifier is None:
         verifier = build_verifier(verifier_task(cfg), cfg.verifier)
     if cfg.live.enabled:  # counts the sampled responses that carry the shortcut (live.py)

@@ -137,6 +137,19 @@ def _preallocated_layer_class(base: type) -> type:
             self.values = self.value_buffer[:b, :, :end]
             return self.keys, self.values
 
+        def append(self, key: torch.Tensor, value: torch.Tensor):
+            """One new position for rows [0, m): key, value [m, h, d] -> the filled views
+            (keys, values) [m, h, length, d] (the written-out decode step, rollout/decode.py)."""
+            m, end = key.shape[0], self.length + 1
+            if end > self.capacity:
+                raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
+            self.key_buffer[:m, :, self.length] = key
+            self.value_buffer[:m, :, self.length] = value
+            self.length = end
+            self.keys = self.key_buffer[:m, :, :end]
+            self.values = self.value_buffer[:m, :, :end]
+            return self.keys, self.values
+
         def get_seq_length(self) -> int:
             return self.length
 
@@ -187,6 +200,11 @@ class HFRolloutEngine:
             generation_config eos ids.
         own_copy: `model` is a separate copy that `sync_weights` overwrites (the policy is
             sharded, or trained in float32 while sampling runs in a lower precision).
+        decode: "auto": after the prompt (the model's own forward), each new token goes through
+            the written-out step of `rollout/decode.py` where `decode_blocker` allows it
+            (Llama-family models with plain weights), the model's forward otherwise; "model":
+            always the model's forward (bit-identical to transformers' own decode steps).
+            `decode_path` says which the last `generate` took.
     """
 
     def __init__(
@@ -197,9 +215,14 @@ class HFRolloutEngine:
         micro_batch_size: int = 256,
         eos_token_ids: list[int] | None = None,
         own_copy: bool = False,
+        decode: str = "auto",
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
+        if decode not in ("auto", "model"):
+            raise ValueError(f"decode must be 'auto' or 'model', got {decode!r}")
+        self.decode = decode
+        self.decode_path: str | None = None  # "written-out" or "model (<why>)", per generate
         self.model = model
         self.own_copy = own_copy
         self.tokenizer = tokenizer
@@ -309,11 +332,28 @@ class HFRolloutEngine:
         # With SDPA the decode steps pass the 4-D boolean mask [m, 1, 1, kv] themselves (what
         # transformers would build from the 2-D mask: one query per row, no causal part), which
         # transformers returns as is, instead of rebuilding it from the 2-D mask every step.
-        mask_4d = getattr(self.model.config, "_attn_implementation", None) == "sdpa"
+        # Only where every layer attends to all cached positions: a sliding-window layer keeps
+        # fewer keys, and transformers must build its mask.
+        mask_4d = getattr(self.model.config, "_attn_implementation", None) == "sdpa" and all(
+            hasattr(layer, "move_rows") for layer in getattr(cache, "layers", [None]))
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [n, P]
         logits = self._forward(
             prompt_ids, prompt_mask, positions, cache, cache_kwarg, last_only=True
         )
+        if self.decode == "model":
+            blocker = "decode=model"
+        else:
+            from primekit.rollout.decode import decode_blocker
+
+            blocker = decode_blocker(self.model, cache)
+        self.decode_path = "written-out" if blocker is None else f"model ({blocker})"
+        if blocker is None:
+            from primekit.rollout.decode import decode_step
+
+            # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), kept beside attn_buf.
+            dtype = next(self.model.parameters()).dtype
+            bias_buf = torch.zeros(attn_buf.shape, dtype=dtype, device=device)
+            bias_buf.masked_fill_(attn_buf == 0, float("-inf"))
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
         m = n  # attn_buf[:m] are the rows in the cache, in the order of `rows`
         next_pos = positions[:, -1] + 1  # [m]
@@ -341,13 +381,20 @@ class HFRolloutEngine:
                     else:  # a layer of transformers' own (sliding window ...)
                         layer.batch_select_indices(order)
                 attn_buf[moved] = attn_buf[order[moved]]
+                if blocker is None:
+                    bias_buf[moved] = bias_buf[order[moved]]
                 rows, tokens, next_pos = rows[order], tokens[order], next_pos[order]
                 still = still[order]
             attn_buf[:m, P + t] = still.long()
             attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
-            if mask_4d:
-                attn = attn.bool()[:, None, None, :]  # [m, 1, 1, P + t + 1]
-            logits = self._forward(tokens[:, None], attn, next_pos[:, None], cache, cache_kwarg)
+            if blocker is None:  # every row in the cache is live: it attends its new position
+                bias_buf[:m, P + t] = 0
+                logits = decode_step(self.model, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
+            else:
+                if mask_4d:
+                    attn = attn.bool()[:, None, None, :]  # [m, 1, 1, P + t + 1]
+                logits = self._forward(
+                    tokens[:, None], attn, next_pos[:, None], cache, cache_kwarg)
             next_pos = next_pos + 1
 
         width = int(response_mask.sum(1).max())  # steps actually taken

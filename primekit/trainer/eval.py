@@ -110,7 +110,8 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=trust)
     model = load_model(model_path, dtype=model_dtype(cfg.model.dtype), device=str(device),
                        trust_remote_code=trust).eval()
-    engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    engine = HFRolloutEngine(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,
+                             decode=cfg.rollout.hf_decode)
     return dist.reduce_metrics(evaluate_heldout(
         engine, build_verifier(verifier_task(cfg), cfg.verifier), heldout,
         encode_prompts(tokenizer, heldout, cfg), cfg))

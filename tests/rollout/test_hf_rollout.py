@@ -257,13 +257,22 @@ def test_greedy_bit_identical_to_the_concatenating_loop(which, model, eos_model,
     # finishing at different steps (the eos model) and rows dropped from the cache on the way.
     m = {"random": model, "eos": eos_model}[which]
     prompts = _ids(tokenizer, PROMPTS + ["a=", "qqqb=", "xa=", "b=", "zb=", "yya="])
+    # With the model's own forward at every step (decode="model"). The written-out decode step
+    # (decode="auto", rollout/decode.py) sums attention in another order: the same tokens, and
+    # log-probs equal to float32 rounding.
     ref_ids, ref_lp = _reference_greedy(m, tokenizer, prompts, 24)
-    engine = HFRolloutEngine(m, tokenizer)
-    batch = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    engine = HFRolloutEngine(m, tokenizer, decode="model")
+    batch = engine.generate(prompts, params)
     assert torch.equal(batch.response_ids, ref_ids)
     assert torch.equal(batch.sampling_logprobs, ref_lp)
     if which == "eos":  # rows finished at different steps and were dropped: "1<eos>", "123<eos>"
         assert sorted(set(batch.response_mask.sum(1).tolist())) == [2, 4]
+    written_out = HFRolloutEngine(m, tokenizer)
+    fast = written_out.generate(prompts, params)
+    assert written_out.decode_path == "written-out"
+    assert torch.equal(fast.response_ids, ref_ids)
+    torch.testing.assert_close(fast.sampling_logprobs, ref_lp, rtol=0, atol=1e-5)
 
 
 def test_sampler_draws_the_softmax_distribution():

@@ -1,0 +1,178 @@
+"""The written-out decode step (rollout/decode.py) against each model's own forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primekit.rollout.base import SamplingParams
+from primekit.rollout.decode import decode_blocker, single_query_attention
+from primekit.rollout.hf import HFRolloutEngine
+
+# Prompts of different lengths (left padding) over a 40-token vocabulary.
+PROMPTS = [[5, 9, 11], [7], [12, 3, 30, 22, 8, 6], [4, 4], [31, 17, 2, 9]]
+
+
+class _Tokenizer:
+    """The little of a tokenizer the engine uses: pad/eos ids and batch_decode."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+    def batch_decode(self, rows, **kwargs):
+        return [" ".join(map(str, r)) for r in rows]
+
+
+def _tiny(model_type: str, dtype=torch.float64, **overrides):
+    """A random 2-layer model of `model_type` with grouped-query attention (4 query heads over
+    2 key/value heads), in `dtype`."""
+    import transformers
+
+    config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                    "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+    config = config_class[model_type](
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=0, eos_token_id=1, bos_token_id=1, **overrides)
+    if model_type == "mistral":
+        config.sliding_window = None
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype)
+    # Larger weights than the init's 0.02 spread, so that attention and the MLP matter.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def _both(model, params, generator_seed, eos=(1,)):
+    """The same prompts through decode="auto" and decode="model" from one generator seed."""
+    out = {}
+    for decode in ("auto", "model"):
+        engine = HFRolloutEngine(model, _Tokenizer(), decode=decode, eos_token_ids=list(eos))
+        out[decode] = engine.generate(PROMPTS, params, torch.Generator().manual_seed(generator_seed))
+        out[decode + "_path"] = engine.decode_path
+    return out
+
+
+def _step_logits(model, steps: int = 6):
+    """Logits of `steps` decode steps after a left-padded prefill, through the model's forward
+    and through `decode_step`, each over its own preallocated cache, fed the same tokens (the
+    model path's argmax): ([steps, n, V], [steps, n, V])."""
+    from primekit.rollout.decode import decode_step
+    from primekit.rollout.hf import preallocated_cache
+
+    n, P = len(PROMPTS), max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS])  # [n, P]
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS])  # [n, P]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    caches = [preallocated_cache(model.config, P + steps) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                           use_cache=True, logits_to_keep=1).logits[:, -1]
+        attn = torch.cat([mask, torch.ones(n, steps, dtype=torch.long)], 1).bool()  # [n, P+steps]
+        bias = torch.zeros(attn.shape, dtype=model.dtype).masked_fill(~attn, float("-inf"))
+        pos, out = positions[:, -1] + 1, ([], [])
+        for t in range(steps):
+            tokens = logits.argmax(-1)  # [n]
+            logits = model(input_ids=tokens[:, None], attention_mask=attn[:, None, None, :P + t + 1],
+                           position_ids=pos[:, None], cache=caches[0], use_cache=True).logits[:, -1]
+            written = decode_step(model, caches[1], tokens, pos, bias[:, :P + t + 1])
+            out[0].append(logits)
+            out[1].append(written)
+            pos = pos + 1
+    return torch.stack(out[0]), torch.stack(out[1])
+
+
+CASES = [("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}), ("mistral", {}),
+         ("qwen2", {}), ("qwen3", {})]
+
+
+@pytest.mark.parametrize(("model_type", "overrides"), CASES)
+def test_written_out_step_equals_the_model_forward_float64(model_type, overrides):
+    # float64: the two paths differ only in summation order, so the logits of every step agree
+    # to 1e-12 (they are O(1-10)) ...
+    model = _tiny(model_type, **overrides)
+    reference, written = _step_logits(model)
+    assert reference.abs().max() > 1  # logits that say something
+    torch.testing.assert_close(written, reference, rtol=0, atol=1e-12)
+    # ... and the engine samples the same tokens from one generator seed either way, with the
+    # same log-probs (stored in float32). Tokens 1 and 2 end a row, so rows finish at different
+    # steps and leave the cache on the way.
+    for temperature in (0.0, 1.0):
+        out = _both(model, SamplingParams(temperature=temperature, max_new_tokens=12), 3,
+                    eos=(1, 2))
+        assert out["auto_path"] == "written-out"
+        assert out["model_path"] == "model (decode=model)"
+        assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
+        assert torch.equal(out["auto"].response_mask, out["model"].response_mask)
+        torch.testing.assert_close(out["auto"].sampling_logprobs, out["model"].sampling_logprobs,
+                                   rtol=0, atol=1e-6)
+    # Some rows ended early and some ran to the end: the row removal was exercised.
+    lengths = out["auto"].response_mask.sum(1)
+    assert lengths.min() < 12 and lengths.max() == 12
+
+
+def test_written_out_step_float32_agrees_to_rounding():
+    model = _tiny("qwen2", dtype=torch.float32)
+    out = _both(model, SamplingParams(temperature=1.0, max_new_tokens=16), 5)
+    assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
+    torch.testing.assert_close(out["auto"].sampling_logprobs, out["model"].sampling_logprobs,
+                               rtol=0, atol=1e-5)
+
+
+def test_single_query_attention_equals_a_loop_over_heads():
+    # Grouped-query attention: 6 query heads over 2 key/value heads (query head h reads
+    # key/value head h // 3), positions masked per row by -inf in the bias.
+    torch.manual_seed(1)
+    m, H, G, L, d = 3, 6, 2, 5, 4
+    q, keys, values = torch.randn(m, H, d), torch.randn(m, G, L, d), torch.randn(m, G, L, d)
+    bias = torch.zeros(m, L)
+    bias[0, :2] = float("-inf")  # row 0 is left-padded by 2
+    bias[2, 3] = float("-inf")
+    out = single_query_attention(q, keys, values, bias, scale=0.5)  # [m, H*d]
+    expected = torch.zeros(m, H, d)
+    for i in range(m):
+        for h in range(H):
+            g = h // 3
+            scores = [0.5 * float(q[i, h] @ keys[i, g, j]) + float(bias[i, j]) for j in range(L)]
+            w = torch.tensor(scores).softmax(0)
+            expected[i, h] = sum(w[j] * values[i, g, j] for j in range(L))
+    torch.testing.assert_close(out, expected.reshape(m, H * d), rtol=0, atol=1e-6)
+
+
+def test_blockers_fall_back_to_the_model_forward():
+    from primekit.rollout.hf import preallocated_cache
+
+    model = _tiny("qwen2")
+    cache = preallocated_cache(model.config, 8)
+    assert decode_blocker(model, cache) is None
+    # A forward hook (offloading, adapters, FSDP) would be bypassed: not written out.
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: None)
+    assert "hooks on model.layers.1.mlp" in decode_blocker(model, cache)
+    out = _both(model, SamplingParams(temperature=0.0, max_new_tokens=4), 0)
+    assert out["auto_path"].startswith("model (hooks on")
+    handle.remove()
+    # A layer of another kind than nn.Linear (a LoRA or quantised wrapper).
+    class Wrapped(torch.nn.Linear):
+        pass
+
+    proj = model.model.layers[0].self_attn.q_proj
+    model.model.layers[0].self_attn.q_proj = Wrapped(proj.in_features, proj.out_features)
+    assert "not a plain Linear" in decode_blocker(model, cache)
+    # Sliding-window attention: transformers' own cache layers, the model's forward.
+    sliding = _tiny("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    out = _both(sliding, SamplingParams(temperature=0.0, max_new_tokens=6), 0)
+    assert out["auto_path"].startswith("model (")
+    assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
+    with pytest.raises(ValueError, match="decode must be"):
+        HFRolloutEngine(model, _Tokenizer(), decode="fast")
+
+
+def test_unsupported_architecture_is_named():
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2,
+                                     n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    assert "model type 'gpt2'" in decode_blocker(model, None)
