@@ -20,6 +20,9 @@ not plain tensors the step can read (FSDP-sharded, LoRA-wrapped, quantised, offl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -34,12 +37,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[x1, x2] -> [-x2, x1] over the last dimension (rotary embeddings, RoFormer Eq. 34)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
 def single_query_attention(
@@ -99,8 +96,70 @@ def decode_blocker(model, cache) -> str | None:
     return None
 
 
+class LayerWeights(NamedTuple):
+    """One decoder layer's parameters as the written-out step reads them (biases may be None;
+    q_norm / k_norm only for Qwen3)."""
+
+    norm1: torch.Tensor
+    eps1: float
+    q: torch.Tensor
+    q_bias: torch.Tensor | None
+    k: torch.Tensor
+    k_bias: torch.Tensor | None
+    v: torch.Tensor
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    qk_eps: float
+    head_dim: int
+    scale: float
+    norm2: torch.Tensor
+    eps2: float
+    gate: torch.Tensor
+    gate_bias: torch.Tensor | None
+    up: torch.Tensor
+    up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    act: Callable[[torch.Tensor], torch.Tensor]
+
+
+class DecodeWeights(NamedTuple):
+    """The model's parameters for `decode_step`, read once per `generate` (the tensors
+    themselves, not copies: an update between calls is seen by the next call)."""
+
+    embed: torch.Tensor  # [V, D]
+    rotary: Callable  # the model's rotary embedding module: (x, position_ids) -> (cos, sin)
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [D]
+    eps: float
+    head: torch.Tensor  # [V, D]
+    head_bias: torch.Tensor | None
+
+
+def decode_weights(model) -> DecodeWeights:
+    """`model`'s parameters for `decode_step` (check `decode_blocker` first)."""
+    inner = model.model
+    layers = []
+    for layer in inner.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        layers.append(LayerWeights(
+            n1.weight, n1.variance_epsilon, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight,
+            a.k_proj.bias, a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias,
+            None if qn is None else qn.weight, None if kn is None else kn.weight,
+            0.0 if qn is None else qn.variance_epsilon, a.head_dim, a.scaling, n2.weight,
+            n2.variance_epsilon, mlp.gate_proj.weight, mlp.gate_proj.bias, mlp.up_proj.weight,
+            mlp.up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias, mlp.act_fn))
+    return DecodeWeights(inner.embed_tokens.weight, inner.rotary_emb, layers, inner.norm.weight,
+                         inner.norm.variance_epsilon, model.lm_head.weight, model.lm_head.bias)
+
+
 def decode_step(
-    model, cache, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
+    w: DecodeWeights, cache, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
 ) -> torch.Tensor:
     """Logits of the next token after one new token per row, the model's forward written out.
 
@@ -110,34 +169,33 @@ def decode_step(
     (Qwen3 normalises q and k per head before the rotary embedding), then logits =
     lm_head(norm(h)). The new keys and values are appended to `cache`'s preallocated layers.
 
-    tokens [m] (the rows of the cache, in its order), positions [m] (their position ids),
-    bias [m, L] (L = cached positions + 1: 0 attended, -inf not). Returns logits [m, V].
-    Check `decode_blocker(model, cache)` first.
+    w: `decode_weights(model)`; tokens [m] (the rows of the cache, in its order), positions [m]
+    (their position ids), bias [m, L] (L = cached positions + 1: 0 attended, -inf not).
+    Returns logits [m, V].
     """
-    inner = model.model
-    h = inner.embed_tokens(tokens)  # [m, D]
+    h = F.embedding(tokens, w.embed)  # [m, D]
     m = h.shape[0]
-    cos, sin = inner.rotary_emb(h[:, None], positions[:, None])  # [m, 1, d] each
-    for layer, kv in zip(inner.layers, cache.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        norm = layer.input_layernorm
-        n = rms_norm(h, norm.weight, norm.variance_epsilon)  # [m, D]
-        d = attn.head_dim
-        q = F.linear(n, attn.q_proj.weight, attn.q_proj.bias).view(m, -1, d)  # [m, H, d]
-        k = F.linear(n, attn.k_proj.weight, attn.k_proj.bias).view(m, -1, d)  # [m, G, d]
-        v = F.linear(n, attn.v_proj.weight, attn.v_proj.bias).view(m, -1, d)  # [m, G, d]
-        if hasattr(attn, "q_norm"):  # Qwen3
-            q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-            k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+    cos, sin = w.rotary(h[:, None], positions[:, None])  # [m, 1, d] each
+    # rotate_half(x) * sin == roll(x, d/2) * [-sin_1, sin_2] exactly (a sign moved): one kernel
+    # for the rotation instead of slices, a negation and a cat, for every q and k.
+    half = cos.shape[-1] // 2
+    sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)  # [m, 1, d]
+    for lw, kv in zip(w.layers, cache.layers):
+        n = rms_norm(h, lw.norm1, lw.eps1)  # [m, D]
+        d = lw.head_dim
+        q = F.linear(n, lw.q, lw.q_bias).view(m, -1, d)  # [m, H, d]
+        k = F.linear(n, lw.k, lw.k_bias).view(m, -1, d)  # [m, G, d]
+        v = F.linear(n, lw.v, lw.v_bias).view(m, -1, d)  # [m, G, d]
+        if lw.q_norm is not None:  # Qwen3
+            q = rms_norm(q, lw.q_norm, lw.qk_eps)
+            k = rms_norm(k, lw.k_norm, lw.qk_eps)
+        q = q * cos + q.roll(half, -1) * sin
+        k = k * cos + k.roll(half, -1) * sin
         keys, values = kv.append(k, v)  # [m, G, L, d] each, views of the cache
-        o = single_query_attention(q, keys, values, bias, attn.scaling)  # [m, H*d]
-        h = h + F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
-        norm = layer.post_attention_layernorm
-        n = rms_norm(h, norm.weight, norm.variance_epsilon)
-        gate = mlp.act_fn(F.linear(n, mlp.gate_proj.weight, mlp.gate_proj.bias))  # [m, I]
-        up = F.linear(n, mlp.up_proj.weight, mlp.up_proj.bias)  # [m, I]
-        h = h + F.linear(gate * up, mlp.down_proj.weight, mlp.down_proj.bias)
-    h = rms_norm(h, inner.norm.weight, inner.norm.variance_epsilon)
-    return F.linear(h, model.lm_head.weight, model.lm_head.bias)  # [m, V]
+        o = single_query_attention(q, keys, values, bias, lw.scale)  # [m, H*d]
+        h = h + F.linear(o, lw.o, lw.o_bias)
+        n = rms_norm(h, lw.norm2, lw.eps2)
+        gate = lw.act(F.linear(n, lw.gate, lw.gate_bias))  # [m, I]
+        h = h + F.linear(gate * F.linear(n, lw.up, lw.up_bias), lw.down, lw.down_bias)
+    h = rms_norm(h, w.norm, w.eps)
+    return F.linear(h, w.head, w.head_bias)  # [m, V]

@@ -348,8 +348,9 @@ class HFRolloutEngine:
             blocker = decode_blocker(self.model, cache)
         self.decode_path = "written-out" if blocker is None else f"model ({blocker})"
         if blocker is None:
-            from primekit.rollout.decode import decode_step
+            from primekit.rollout.decode import decode_step, decode_weights
 
+            weights = decode_weights(self.model)
             # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), kept beside attn_buf.
             dtype = next(self.model.parameters()).dtype
             bias_buf = torch.zeros(attn_buf.shape, dtype=dtype, device=device)
@@ -389,7 +390,7 @@ class HFRolloutEngine:
             attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
             if blocker is None:  # every row in the cache is live: it attends its new position
                 bias_buf[:m, P + t] = 0
-                logits = decode_step(self.model, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
+                logits = decode_step(weights, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
             else:
                 if mask_4d:
                     attn = attn.bool()[:, None, None, :]  # [m, 1, 1, P + t + 1]

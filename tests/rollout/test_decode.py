@@ -58,7 +58,7 @@ def _step_logits(model, steps: int = 6):
     """Logits of `steps` decode steps after a left-padded prefill, through the model's forward
     and through `decode_step`, each over its own preallocated cache, fed the same tokens (the
     model path's argmax): ([steps, n, V], [steps, n, V])."""
-    from primekit.rollout.decode import decode_step
+    from primekit.rollout.decode import decode_step, decode_weights
     from primekit.rollout.hf import preallocated_cache
 
     n, P = len(PROMPTS), max(map(len, PROMPTS))
@@ -77,7 +77,8 @@ def _step_logits(model, steps: int = 6):
             tokens = logits.argmax(-1)  # [n]
             logits = model(input_ids=tokens[:, None], attention_mask=attn[:, None, None, :P + t + 1],
                            position_ids=pos[:, None], cache=caches[0], use_cache=True).logits[:, -1]
-            written = decode_step(model, caches[1], tokens, pos, bias[:, :P + t + 1])
+            written = decode_step(decode_weights(model), caches[1], tokens, pos,
+                                  bias[:, :P + t + 1])
             out[0].append(logits)
             out[1].append(written)
             pos = pos + 1
