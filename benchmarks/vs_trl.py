@@ -27,7 +27,8 @@ Without trl the script says so and exits 0 (skipped).
 Measured with TRL 1.16.0 from the demo's SFT model, 1 thread, 2-core machine with its background
 jobs stopped (2026-12-01, docs/performance.md): stopping at EOS primekit 0.771 s vs TRL 1.001 s
 (medians, n 7): 0.771x; `--forced` 1.716 s vs 1.688 s: 1.017x (the same matrix products).
-The 0.67x target is not met.
+With the HF engine's written-out decode step (2026-12-04, another machine): 0.573 s vs 0.708 s,
+0.810x at EOS; 1.149 s vs 1.235 s, 0.931x forced. The 0.67x target is not met.
 """
 
 from __future__ import annotations
