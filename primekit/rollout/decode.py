@@ -8,9 +8,9 @@ compute, from the same parameters, with two differences of method and none of ma
 - no module calls, no mask building and no cache bookkeeping of transformers per step: the new
   keys and values go straight into the engine's preallocated cache (`PreallocatedLayer`);
 - attention for one query per row as two batched matrix products over the cached positions
-  (softmax in float32 at least, as transformers' eager attention), where transformers calls SDPA, whose
-  CPU kernel is tiled for long queries. Query heads share their key/value head without copying
-  it (grouped-query attention).
+  (softmax in float32 at least, as transformers' eager attention), where transformers calls
+  SDPA, whose CPU kernel is tiled for long queries. Query heads share their key/value head
+  without copying it (grouped-query attention).
 
 Logits agree with the model's forward to rounding (float32: ~1e-6 relative; float64: ~1e-15),
 not bit for bit: the attention sums in another order (tests/rollout/test_decode.py). The model's
@@ -67,8 +67,9 @@ def decode_blocker(model, cache) -> str | None:
     """Why `decode_step` cannot stand in for `model`'s forward over `cache`; None when it can.
 
     It can for the supported architectures with full attention in every layer (the cache made
-    every layer a preallocated one), every projection a plain `torch.nn.Linear` with ordinary
-    tensors (not DTensors or meta tensors) and no hooks on any module.
+    every layer a preallocated one), every projection a plain `torch.nn.Linear` (not a LoRA or
+    quantised wrapper) with ordinary tensors (not DTensors or meta tensors) and no hooks on any
+    module.
     """
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -83,13 +84,30 @@ def decode_blocker(model, cache) -> str | None:
     for layer in inner.layers:
         if getattr(layer.self_attn, "sliding_window", None) is not None:
             return "a sliding-window attention layer"
-    from torch.distributed.tensor import DTensor
-
+    try:
+        decode_weights(model)
+    except AttributeError as e:  # an older transformers' modules name things otherwise
+        return f"its modules lack what the step reads ({e})"
+    # Every module whose weights the step reads must be exactly what it assumes: a LoRA or
+    # quantised wrapper (peft, bitsandbytes) computes something else from the same names.
+    read = {"model.embed_tokens": (inner.embed_tokens, torch.nn.Embedding),
+            "lm_head": (model.lm_head, torch.nn.Linear)}
+    for i, layer in enumerate(inner.layers):
+        for part, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                            ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                read[f"model.layers.{i}.{part}.{name}"] = (
+                    getattr(getattr(layer, part), name), torch.nn.Linear)
+    for name, (module, kind) in read.items():
+        if type(module) is not kind:
+            return f"{name} is a {type(module).__name__}, not a plain {kind.__name__}"
     for name, module in model.named_modules():
         if module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
             return f"hooks on {name or 'the model'} (offloading, sharding or adapters)"
-        if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear:
-            return f"{name} is a {type(module).__name__}, not a plain Linear"
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed support has no DTensors either
+        DTensor = ()  # noqa: N806
     for name, p in model.named_parameters():
         if isinstance(p, DTensor) or p.is_meta:
             return f"parameter {name} is {'a DTensor' if isinstance(p, DTensor) else 'on meta'}"

@@ -113,6 +113,7 @@ def _preallocated_layer_class(base: type) -> type:
             super().__init__()
             self.capacity = capacity
             self.length = 0
+            self.is_initialized = False  # transformers 4.56's DynamicLayer has no such flag
 
         def lazy_initialization(self, key_states, value_states) -> None:
             self.device = key_states.device

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -66,17 +68,21 @@ def _step_logits(model, steps: int = 6):
     mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS])  # [n, P]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     caches = [preallocated_cache(model.config, P + steps) for _ in range(2)]
+    # transformers 5.x renamed `past_key_values` to `cache`.
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values")
     with torch.no_grad():
         for cache in caches:
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                           use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           use_cache=True, logits_to_keep=1, **{kwarg: cache}).logits[:, -1]
         attn = torch.cat([mask, torch.ones(n, steps, dtype=torch.long)], 1).bool()  # [n, P+steps]
         bias = torch.zeros(attn.shape, dtype=model.dtype).masked_fill(~attn, float("-inf"))
         pos, out = positions[:, -1] + 1, ([], [])
         for t in range(steps):
             tokens = logits.argmax(-1)  # [n]
             logits = model(input_ids=tokens[:, None], attention_mask=attn[:, None, None, :P + t + 1],
-                           position_ids=pos[:, None], cache=caches[0], use_cache=True).logits[:, -1]
+                           position_ids=pos[:, None], use_cache=True,
+                           **{kwarg: caches[0]}).logits[:, -1]
             written = decode_step(decode_weights(model), caches[1], tokens, pos,
                                   bias[:, :P + t + 1])
             out[0].append(logits)
@@ -154,13 +160,26 @@ def test_blockers_fall_back_to_the_model_forward():
     out = _both(model, SamplingParams(temperature=0.0, max_new_tokens=4), 0)
     assert out["auto_path"].startswith("model (hooks on")
     handle.remove()
-    # A layer of another kind than nn.Linear (a LoRA or quantised wrapper).
-    class Wrapped(torch.nn.Linear):
+    # A projection of another kind than nn.Linear: a subclass (bitsandbytes' Linear4bit is one)
+    # or a wrapper that holds the plain Linear inside and adds to its output (peft's LoRA).
+    class Subclass(torch.nn.Linear):
         pass
 
-    proj = model.model.layers[0].self_attn.q_proj
-    model.model.layers[0].self_attn.q_proj = Wrapped(proj.in_features, proj.out_features)
-    assert "not a plain Linear" in decode_blocker(model, cache)
+    class LoRA(torch.nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base_layer, self.weight, self.bias = base, base.weight, base.bias
+
+    attn = model.model.layers[0].self_attn
+    proj = attn.q_proj
+    attn.q_proj = Subclass(proj.in_features, proj.out_features)
+    assert decode_blocker(model, cache) == (
+        "model.layers.0.self_attn.q_proj is a Subclass, not a plain Linear")
+    attn.q_proj = LoRA(proj)
+    assert decode_blocker(model, cache) == (
+        "model.layers.0.self_attn.q_proj is a LoRA, not a plain Linear")
+    attn.q_proj = proj
+    assert decode_blocker(model, cache) is None
     # Sliding-window attention: transformers' own cache layers, the model's forward.
     sliding = _tiny("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
     out = _both(sliding, SamplingParams(temperature=0.0, max_new_tokens=6), 0)
