@@ -10,6 +10,7 @@ activation peak of a whole forward and backward is measured from the CPU allocat
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -174,8 +175,11 @@ def test_kv_cache_bytes_equal_the_cache():
     model = _qwen2(kv_heads=2).to(torch.bfloat16).eval()
     rows, seq = 3, 17
     cache = DynamicCache(config=model.config)
+    # transformers 5.x renamed `past_key_values` to `cache`.
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values")
     with torch.no_grad():
-        model(input_ids=torch.randint(3, 99, (rows, seq)), cache=cache, use_cache=True)
+        model(input_ids=torch.randint(3, 99, (rows, seq)), use_cache=True, **{kwarg: cache})
     measured = sum(t.numel() * t.element_size() for layer in cache.layers
                    for t in (layer.keys, layer.values))
     assert mem.kv_cache_bytes(mem.shape_from_hf_config(model.config), rows, seq, 2) == measured
