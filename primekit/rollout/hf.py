@@ -223,7 +223,7 @@ class HFRolloutEngine:
         if decode not in ("auto", "model"):
             raise ValueError(f"decode must be 'auto' or 'model', got {decode!r}")
         self.decode = decode
-        self.decode_path: str | None = None  # "written-out" or "model (<why>)", per generate
+        self.decode_path: str | None = None  # "written-out" or "model forward (<why>)", per generate
         self.model = model
         self.own_copy = own_copy
         self.tokenizer = tokenizer
@@ -347,7 +347,7 @@ class HFRolloutEngine:
             from primekit.rollout.decode import decode_blocker
 
             blocker = decode_blocker(self.model, cache)
-        self.decode_path = "written-out" if blocker is None else f"model ({blocker})"
+        self.decode_path = "written-out" if blocker is None else f"model forward ({blocker})"
         if blocker is None:
             from primekit.rollout.decode import decode_step, decode_weights
 

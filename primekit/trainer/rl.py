@@ -154,6 +154,7 @@ class RLTrainer:
             how = {"rollout": "reused from the sampler"}.get(self.cfg.policy.old_logprobs,
                                                              "recomputed by the trainer")
             console.print(f"policy.old_logprobs={self.cfg.policy.old_logprobs}: old log-probs {how}")
+        announced = False  # the HF engine's decode path, printed once
         try:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
@@ -162,6 +163,11 @@ class RLTrainer:
                     guards.at_step(self.step + 1)  # the step that the optimiser guards name
                     metrics = self.run_step()
                     self.step += 1
+                    decode_path = getattr(self.engine, "decode_path", None)
+                    if decode_path and not announced and dist.is_main():  # after the first rollout
+                        console.print(f"HF engine decode steps: {decode_path} "
+                                      f"(rollout.hf_decode={self.cfg.rollout.hf_decode})")
+                        announced = True
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                         metrics.update(self.evaluate())
                     metrics = dist.reduce_metrics(metrics)

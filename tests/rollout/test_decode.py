@@ -110,7 +110,7 @@ def test_written_out_step_equals_the_model_forward_float64(model_type, overrides
         out = _both(model, SamplingParams(temperature=temperature, max_new_tokens=12), 3,
                     eos=(1, 2))
         assert out["auto_path"] == "written-out"
-        assert out["model_path"] == "model (decode=model)"
+        assert out["model_path"] == "model forward (decode=model)"
         assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
         assert torch.equal(out["auto"].response_mask, out["model"].response_mask)
         torch.testing.assert_close(out["auto"].sampling_logprobs, out["model"].sampling_logprobs,
@@ -158,7 +158,7 @@ def test_blockers_fall_back_to_the_model_forward():
     handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: None)
     assert "hooks on model.layers.1.mlp" in decode_blocker(model, cache)
     out = _both(model, SamplingParams(temperature=0.0, max_new_tokens=4), 0)
-    assert out["auto_path"].startswith("model (hooks on")
+    assert out["auto_path"].startswith("model forward (hooks on")
     handle.remove()
     # A projection of another kind than nn.Linear: a subclass (bitsandbytes' Linear4bit is one)
     # or a wrapper that holds the plain Linear inside and adds to its output (peft's LoRA).
@@ -183,7 +183,7 @@ def test_blockers_fall_back_to_the_model_forward():
     # Sliding-window attention: transformers' own cache layers, the model's forward.
     sliding = _tiny("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
     out = _both(sliding, SamplingParams(temperature=0.0, max_new_tokens=6), 0)
-    assert out["auto_path"].startswith("model (")
+    assert out["auto_path"].startswith("model forward (")
     assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
     with pytest.raises(ValueError, match="decode must be"):
         HFRolloutEngine(model, _Tokenizer(), decode="fast")
