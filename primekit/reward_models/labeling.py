@@ -222,7 +222,8 @@ def sampling_setup(cfg, model_path: str, *, seed: int, path_field: str) -> Sampl
         device=str(device),
         trust_remote_code=cfg.model.trust_remote_code,
     ).eval()
-    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,
+                             decode=cfg.rollout.hf_decode)
     r = cfg.rollout
     params = SamplingParams(
         temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens

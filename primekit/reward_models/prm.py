@@ -188,7 +188,8 @@ def _label_splits(cfg: Config, setup):
             sp.completer, device=str(setup.device), trust_remote_code=cfg.model.trust_remote_code
         ).eval()
         engine = HFRolloutEngine(
-            completer_model, setup.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size
+            completer_model, setup.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,
+            decode=cfg.rollout.hf_decode,
         )
     completer = HFCompleter(engine, setup.params, setup.generator)
 

@@ -75,7 +75,8 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
     _, heldout = load_splits(cfg)
     problems = [p for p in heldout[:num_problems] for _ in range(k)]  # [N]
     prompt_ids = encode_prompts(tokenizer, problems, cfg)
-    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,
+                             decode=cfg.rollout.hf_decode)
     params = SamplingParams(temperature=temperature, max_new_tokens=cfg.rollout.max_new_tokens)
     batch = engine.generate(prompt_ids, params, torch.Generator().manual_seed(seed))
     verdicts = build_verifier(verifier_task(cfg), cfg.verifier).verify_batch(batch.responses,
