@@ -8,8 +8,14 @@ per-step ratios (n, median, min, max) and the share of the policy update's token
 padding. Compare layouts with overrides: `policy.max_tokens_per_micro_batch=0
 prm.max_tokens_per_micro_batch=0` (padded rows) against the config's token budgets.
 
+`--against OVERRIDE ...` compares something else the same way: the config as given (PRIME
+unless an override says otherwise) against the config with those overrides too, e.g.
+`--against rollout.hf_decode=model` (the HF engine's written-out decode step against the model's
+own forward, docs/performance.md).
+
 Usage:
     python benchmarks/step_time.py --policy runs/demo/sft [--steps 10] [overrides ...]
+        [--against OVERRIDE ...]
 """
 
 from __future__ import annotations
@@ -47,17 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per trainer")
     parser.add_argument("--run-dir", default="runs/bench-step-time")
+    parser.add_argument("--against", nargs="+", metavar="OVERRIDE",
+                        help="compare the config with these overrides too, not PRIME with RLOO")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     if missing_policy(args.policy):
         return 2
 
+    # The two sides: {column name: overrides of its own}.
+    if args.against:
+        sides = {"as given": [], "with " + " ".join(args.against): list(args.against)}
+    else:
+        sides = {"PRIME": ["algorithm.reward_mode=prime"],
+                 "RLOO (outcome only)": ["algorithm.reward_mode=outcome"]}
     trainers = {}
-    for mode in ("prime", "outcome"):
+    for i, (name, own) in enumerate(sides.items()):
         cfg = load_config(resolve_config(args.config), [
-            f"model.policy={args.policy}", f"algorithm.reward_mode={mode}",
-            f"train.run_dir={args.run_dir}/{mode}", "train.report_to=[]", *args.overrides])
-        trainers[mode] = build_rl_trainer(cfg)
+            f"model.policy={args.policy}", f"train.run_dir={args.run_dir}/{i}",
+            "train.report_to=[]", *args.overrides, *own])
+        trainers[name] = build_rl_trainer(cfg)
+    first, second = sides
 
     timings: dict[str, list[dict[str, float]]] = {mode: [] for mode in trainers}
     for step in range(args.warmup + args.steps):
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"seconds per step (mean of {args.steps}, after {args.warmup} warm-up)")
     table.add_column("phase")
     for mode in trainers:
-        table.add_column("PRIME" if mode == "prime" else "RLOO (outcome only)", justify="right")
+        table.add_column(mode, justify="right")
 
     def mean(mode: str, key: str) -> float:
         return statistics.fmean(t.get(key, 0.0) for t in timings[mode])
@@ -97,16 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("rollout tokens/s", *(f"{mean(mode, 'tok_s'):.0f}" for mode in trainers))
     console = Console()
     console.print(table)
-    ratio = mean("prime", "step") / mean("outcome", "step")
-    console.print(f"PRIME / RLOO step time: {ratio:.3f}x  (paper, Table 2: 680.3 / 530.7 = 1.28x)")
-    ratios = [p["step"] / o["step"] for p, o in zip(timings["prime"], timings["outcome"])]
-    console.print(f"per-step PRIME / RLOO ratio: n={len(ratios)}, median "
+    ratio = mean(first, "step") / mean(second, "step")
+    label = "PRIME / RLOO" if not args.against else f"{first} / {second}"
+    paper = "  (paper, Table 2: 680.3 / 530.7 = 1.28x)" if not args.against else ""
+    console.print(f"{label} step time: {ratio:.3f}x{paper}")
+    ratios = [a["step"] / b["step"] for a, b in zip(timings[first], timings[second])]
+    console.print(f"per-step {label} ratio: n={len(ratios)}, median "
                   f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
-    cfg = trainers["prime"].cfg
-    console.print(f"config: {args.config}, "
+    trainer = trainers[first]
+    cfg = trainer.cfg
+    prm = trainer.rewarder.layout if hasattr(trainer.rewarder, "layout") else "-"
+    console.print(f"config: {args.config}, algorithm.reward_mode={cfg.algorithm.reward_mode}, "
                   f"prm.reference={cfg.prm.reference}, policy.old_logprobs={cfg.policy.old_logprobs}, "
-                  f"train.threads={cfg.train.threads}, micro-batches: policy {tuple(trainers['prime'].layout)}"
-                  f", PRM {tuple(trainers['prime'].rewarder.layout)} (rows, multiple, max_tokens, packed)")
+                  f"train.threads={cfg.train.threads}, micro-batches: policy {tuple(trainer.layout)}"
+                  f", PRM {tuple(prm) if prm != '-' else prm} (rows, multiple, max_tokens, packed)")
     return 0
 
 
