@@ -64,8 +64,10 @@ def _step_logits(model, steps: int = 6):
     from primekit.rollout.hf import preallocated_cache
 
     n, P = len(PROMPTS), max(map(len, PROMPTS))
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS])  # [n, P]
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS])  # [n, P]
+    device = next(model.parameters()).device
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS], device=device)  # [n, P]
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS],
+                        device=device)  # [n, P]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     caches = [preallocated_cache(model.config, P + steps) for _ in range(2)]
     # transformers 5.x renamed `past_key_values` to `cache`.
@@ -75,8 +77,9 @@ def _step_logits(model, steps: int = 6):
         for cache in caches:
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                            use_cache=True, logits_to_keep=1, **{kwarg: cache}).logits[:, -1]
-        attn = torch.cat([mask, torch.ones(n, steps, dtype=torch.long)], 1).bool()  # [n, P+steps]
-        bias = torch.zeros(attn.shape, dtype=model.dtype).masked_fill(~attn, float("-inf"))
+        attn = torch.cat([mask, mask.new_ones(n, steps)], 1).bool()  # [n, P+steps]
+        bias = torch.zeros(attn.shape, dtype=model.dtype, device=device).masked_fill(
+            ~attn, float("-inf"))
         pos, out = positions[:, -1] + 1, ([], [])
         for t in range(steps):
             tokens = logits.argmax(-1)  # [n]
@@ -196,3 +199,25 @@ def test_unsupported_architecture_is_named():
                                      n_positions=32)
     model = transformers.GPT2LMHeadModel(config)
     assert "model type 'gpt2'" in decode_blocker(model, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_written_out_step_on_cuda(dtype):
+    _compare_on("cuda", dtype)
+
+
+def _compare_on(device: str, dtype: torch.dtype) -> None:
+    """The comparison on `device` in `dtype` (bf16: what a user's sampler copy runs in): logits
+    within the dtype's rounding of the model forward's, relative to their scale, over 6 steps."""
+    model = _tiny("qwen2", dtype=dtype).to(device)
+    reference, written = _step_logits(model)
+    assert written.device.type == device and written.dtype == dtype
+    scale = reference.float().abs().max()
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 5e-2}[dtype] * scale
+    assert (written.float() - reference.float()).abs().max() <= tolerance
+    out = _both(model, SamplingParams(temperature=0.0, max_new_tokens=8), 0)
+    assert out["auto_path"] == "written-out"
+    if dtype == torch.float32:
+        assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
