@@ -94,8 +94,12 @@ def _step_logits(model, steps: int = 6):
     return torch.stack(out[0]), torch.stack(out[1])
 
 
-CASES = [("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}), ("mistral", {}),
-         ("qwen2", {}), ("qwen3", {})]
+# Llama with biases everywhere, and with Llama 3's rope scaling (the step takes cos and sin from
+# the model's own rotary module, whatever its rope type).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+CASES = [("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
+         ("llama", {"rope_scaling": LLAMA3_ROPE}), ("mistral", {}), ("qwen2", {}), ("qwen3", {})]
 
 
 @pytest.mark.parametrize(("model_type", "overrides"), CASES)
