@@ -192,6 +192,10 @@ def test_blockers_fall_back_to_the_model_forward():
     out = _both(sliding, SamplingParams(temperature=0.0, max_new_tokens=6), 0)
     assert out["auto_path"].startswith("model forward (")
     assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
+    # Mistral's own default: a 4096-position sliding window, even where it would not bind.
+    mistral = _tiny("mistral")
+    mistral.config.sliding_window = 4096
+    assert decode_blocker(mistral, preallocated_cache(mistral.config, 8)) is not None
     with pytest.raises(ValueError, match="decode must be"):
         HFRolloutEngine(model, _Tokenizer(), decode="fast")
 
