@@ -121,11 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
     trainer = trainers[first]
     cfg = trainer.cfg
-    prm = trainer.rewarder.layout if hasattr(trainer.rewarder, "layout") else "-"
+    prm = tuple(trainer.rewarder.layout) if hasattr(trainer.rewarder, "layout") else "-"
     console.print(f"config: {args.config}, algorithm.reward_mode={cfg.algorithm.reward_mode}, "
                   f"prm.reference={cfg.prm.reference}, policy.old_logprobs={cfg.policy.old_logprobs}, "
                   f"train.threads={cfg.train.threads}, micro-batches: policy {tuple(trainer.layout)}"
-                  f", PRM {tuple(prm) if prm != '-' else prm} (rows, multiple, max_tokens, packed)")
+                  f", PRM {prm} (rows, multiple, max_tokens, packed)")
     return 0
 
 

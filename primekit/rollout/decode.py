@@ -1,7 +1,7 @@
 """A written-out decode step for Llama-family causal LMs (Llama, Mistral, Qwen2, Qwen3).
 
 The HF engine (`rollout/hf.py`) runs the prompt through the model's own forward (the prefill)
-and then, where `decode_blocker` finds nothing in the way, feeds each new token through
+and then, where `prepare_decode` finds nothing in the way, feeds each new token through
 `decode_step` instead of the model's forward. The step computes what the model's modules
 compute, from the same parameters, with two differences of method and none of math:
 
@@ -63,8 +63,9 @@ def single_query_attention(
     return torch.bmm(probs, v).reshape(m, H * values.shape[-1])  # [m, H*dv]
 
 
-def decode_blocker(model, cache) -> str | None:
-    """Why `decode_step` cannot stand in for `model`'s forward over `cache`; None when it can.
+def prepare_decode(model, cache) -> tuple[DecodeWeights | None, str | None]:
+    """(`model`'s parameters for `decode_step`, None) where the step can stand in for `model`'s
+    forward over `cache`; (None, why not) where it cannot.
 
     It can for the supported architectures with full attention in every layer (the cache made
     every layer a preallocated one), every projection a plain `torch.nn.Linear` (not a LoRA or
@@ -73,21 +74,22 @@ def decode_blocker(model, cache) -> str | None:
     """
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model type {config.model_type!r} (written out: {sorted(SUPPORTED_MODEL_TYPES)})"
+        return None, (f"model type {config.model_type!r} "
+                      f"(written out: {sorted(SUPPORTED_MODEL_TYPES)})")
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
-        return f"{type(model).__name__} is not a *ForCausalLM with .model.layers"
+        return None, f"{type(model).__name__} is not a *ForCausalLM with .model.layers"
     if any(not hasattr(layer, "move_rows") for layer in getattr(cache, "layers", [None])):
-        return "a layer without a preallocated cache (sliding-window or other attention)"
+        return None, "a layer without a preallocated cache (sliding-window or other attention)"
     if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
-        return "Mistral with a sliding window"
+        return None, "Mistral with a sliding window"
     for layer in inner.layers:
         if getattr(layer.self_attn, "sliding_window", None) is not None:
-            return "a sliding-window attention layer"
+            return None, "a sliding-window attention layer"
     try:
-        decode_weights(model)
+        weights = decode_weights(model)
     except AttributeError as e:  # an older transformers' modules name things otherwise
-        return f"its modules lack what the step reads ({e})"
+        return None, f"its modules lack what the step reads ({e})"
     # Every module whose weights the step reads must be exactly what it assumes: a LoRA or
     # quantised wrapper (peft, bitsandbytes) computes something else from the same names.
     read = {"model.embed_tokens": (inner.embed_tokens, torch.nn.Embedding),
@@ -100,18 +102,25 @@ def decode_blocker(model, cache) -> str | None:
                     getattr(getattr(layer, part), name), torch.nn.Linear)
     for name, (module, kind) in read.items():
         if type(module) is not kind:
-            return f"{name} is a {type(module).__name__}, not a plain {kind.__name__}"
+            return None, f"{name} is a {type(module).__name__}, not a plain {kind.__name__}"
     for name, module in model.named_modules():
         if module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
-            return f"hooks on {name or 'the model'} (offloading, sharding or adapters)"
+            return None, f"hooks on {name or 'the model'} (offloading, sharding or adapters)"
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch without distributed support has no DTensors either
         DTensor = ()  # noqa: N806
     for name, p in model.named_parameters():
         if isinstance(p, DTensor) or p.is_meta:
-            return f"parameter {name} is {'a DTensor' if isinstance(p, DTensor) else 'on meta'}"
-    return None
+            kind = "a DTensor" if isinstance(p, DTensor) else "on meta"
+            return None, f"parameter {name} is {kind}"
+    return weights, None
+
+
+def decode_blocker(model, cache) -> str | None:
+    """Why `decode_step` cannot stand in for `model`'s forward over `cache`; None when it can
+    (`prepare_decode`'s reason)."""
+    return prepare_decode(model, cache)[1]
 
 
 class LayerWeights(NamedTuple):
@@ -158,7 +167,7 @@ class DecodeWeights(NamedTuple):
 
 
 def decode_weights(model) -> DecodeWeights:
-    """`model`'s parameters for `decode_step` (check `decode_blocker` first)."""
+    """`model`'s parameters for `decode_step` (`prepare_decode` checks the model first)."""
     inner = model.model
     layers = []
     for layer in inner.layers:

@@ -202,7 +202,7 @@ class HFRolloutEngine:
         own_copy: `model` is a separate copy that `sync_weights` overwrites (the policy is
             sharded, or trained in float32 while sampling runs in a lower precision).
         decode: "auto": after the prompt (the model's own forward), each new token goes through
-            the written-out step of `rollout/decode.py` where `decode_blocker` allows it
+            the written-out step of `rollout/decode.py` where `prepare_decode` allows it
             (Llama-family models with plain weights), the model's forward otherwise; "model":
             always the model's forward (bit-identical to transformers' own decode steps).
             `decode_path` says which the last `generate` took.
@@ -342,19 +342,15 @@ class HFRolloutEngine:
             prompt_ids, prompt_mask, positions, cache, cache_kwarg, last_only=True
         )
         if self.decode == "model":
-            blocker = "decode=model"
+            weights, blocker = None, "decode=model"
         else:
-            from primekit.rollout.decode import decode_blocker
+            from primekit.rollout.decode import decode_step, prepare_decode
 
-            blocker = decode_blocker(self.model, cache)
+            weights, blocker = prepare_decode(self.model, cache)
         self.decode_path = "written-out" if blocker is None else f"model forward ({blocker})"
         if blocker is None:
-            from primekit.rollout.decode import decode_step, decode_weights
-
-            weights = decode_weights(self.model)
             # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), kept beside attn_buf.
-            dtype = next(self.model.parameters()).dtype
-            bias_buf = torch.zeros(attn_buf.shape, dtype=dtype, device=device)
+            bias_buf = torch.zeros(attn_buf.shape, dtype=weights.embed.dtype, device=device)
             bias_buf.masked_fill_(attn_buf == 0, float("-inf"))
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
         m = n  # attn_buf[:m] are the rows in the cache, in the order of `rows`
