@@ -33,10 +33,14 @@ def test_bf16_prime_step_on_cuda_keeps_fp32_master_weights(rl_config):
     assert next(trainer.engine.model.parameters()).dtype == torch.bfloat16
 
 
-def test_nccl_one_rank_sharded_bf16_update_and_metric_collectives(sft_model_dir, tmp_path):
+@pytest.mark.parametrize("cpu_offload", [False, True], ids=["on-gpu", "cpu-offload"])
+def test_nccl_one_rank_sharded_bf16_update_and_metric_collectives(sft_model_dir, tmp_path,
+                                                                   cpu_offload):
     # One GPU is enough for primekit's NCCL code: a 1-rank NCCL group, the policy FSDP2-sharded
     # with bf16 compute over fp32 master weights, one AdamW step, and the metric collectives
-    # (which move CPU tensors to the GPU for NCCL and back).
+    # (which move CPU tensors to the GPU for NCCL and back). With `parallel.cpu_offload` the
+    # fp32 shards (and so the gradients and AdamW state) stay in host memory, and the forward
+    # and backward still run on the GPU.
     from primekit import distributed as dist
     from primekit.algorithms import masked_mean_std
     from primekit.models.hf import load_model
@@ -48,18 +52,21 @@ def test_nccl_one_rank_sharded_bf16_update_and_metric_collectives(sft_model_dir,
                                          rank=0, world_size=1)
     try:
         model = load_model(str(sft_model_dir), dtype=torch.float32, device="cuda")
-        prepare_model(model, Placement(compute_dtype=torch.bfloat16, trainable=True, shard=True),
-                      score_tokens)
+        prepare_model(model, Placement(compute_dtype=torch.bfloat16, trainable=True, shard=True,
+                                       cpu_offload=cpu_offload), score_tokens)
         assert is_sharded(model)
-        before = [p.detach().full_tensor().clone() for p in model.parameters()]
+        where = {p.to_local().device.type for p in model.parameters()}
+        assert where == ({"cpu"} if cpu_offload else {"cuda"})
+        before = [p.detach().to_local().clone() for p in model.parameters()]  # 1 rank: whole
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         ids = torch.randint(3, 200, (4, 24), device="cuda")
         lp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), 8)
         assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
         (-lp.mean()).backward()
         opt.step()
-        after = [p.detach().full_tensor() for p in model.parameters()]
+        after = [p.detach().to_local() for p in model.parameters()]
         assert all(p.dtype == torch.float32 for p in after)
+        assert {p.to_local().device.type for p in model.parameters()} == where
         assert sum(int((a != b).sum()) for a, b in zip(after, before)) > 0.9 * sum(
             b.numel() for b in before)  # the fp32 masters moved almost everywhere
 
