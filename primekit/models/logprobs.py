@@ -247,7 +247,7 @@ def batch_logprobs(model: PreTrainedModel, batch: RolloutBatch, micro_batch_size
     for mb in iter_layout(batch, layout):
         lp, _ = micro_batch_logprobs(model, mb)
         out[mb.rows, : mb.response_len] = lp.float().cpu()
-    return out * batch.response_mask.float()
+    return out * batch.response_mask.float().cpu()  # a batch may live on any device
 
 
 def sequence_values(critic: PreTrainedModel, input_ids: torch.Tensor,

@@ -186,7 +186,9 @@ class HFRolloutEngine:
     Rows that produced EOS stop contributing (they are dropped from the batch once enough of
     them have finished) and the loop ends when every row has finished or max_new_tokens is
     reached. The model is put in eval mode for generation and restored afterwards. Returned
-    tensors live on the model's device; masks are int64 (HF attention-mask convention).
+    tensors are on the CPU, whatever the model's device (as vLLM's engine returns them: the
+    trainer's log-prob passes move each micro-batch to their model's device); masks are int64
+    (HF attention-mask convention).
 
     Reproducibility: the same generator state, prompts, weights and micro_batch_size give the
     same tokens (on CPU; CUDA kernels may add nondeterminism). A different micro_batch_size
@@ -284,9 +286,10 @@ class HFRolloutEngine:
                 ]
         finally:
             self.model.train(was_training)
-        # Ordinary tensors again (clones made outside inference mode), so that the trainer may
-        # use them in autograd (masks and old log-probs enter the loss).
-        batches = [RolloutBatch(*(x.clone() if isinstance(x, torch.Tensor) else x for x in (
+        # Ordinary tensors again (copies made outside inference mode), so that the trainer may
+        # use them in autograd (masks and old log-probs enter the loss); on the CPU, like every
+        # engine's batch.
+        batches = [RolloutBatch(*(x.to("cpu", copy=True) if isinstance(x, torch.Tensor) else x for x in (
             b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.sampling_logprobs,
             b.finished, b.responses))) for b in batches]
         return batches[0] if len(batches) == 1 else concat_batches(batches, self.pad_id)

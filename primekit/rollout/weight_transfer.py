@@ -150,6 +150,10 @@ def open_buffer(handle: list, cuda_device: int | None = None) -> torch.Tensor:
         args[6] = bytes(args[6])  # the event handle
         if cuda_device is not None:
             args[0] = cuda_device
+        # CUDA must be initialised in this process first (torch.multiprocessing's own rebuild
+        # does the same): in a fresh process, opening the handle otherwise segfaults (seen on
+        # an H200 with torch 2.11).
+        torch.cuda.init()
         storage = torch.UntypedStorage._new_shared_cuda(*args)
         device = torch.device("cuda", int(args[0]))
     else:

@@ -61,11 +61,17 @@ class _Tiny(torch.nn.Module):
 
 
 def _receiver(conn) -> None:
-    """Another process: opens each bucket's buffer from its handle, returns the values read."""
+    """Another process: opens each bucket's buffer from its handle, returns the values read
+    (or the traceback of what failed, so that the test fails instead of waiting)."""
     while (message := conn.recv()) is not None:
-        buffer = open_buffer(message["handle"])
-        conn.send({name: (str(t.dtype), t.float().tolist()) for name, t in
-                   read_bucket(buffer, message)})
+        try:
+            buffer = open_buffer(message["handle"])
+            conn.send({name: (str(t.dtype), t.float().tolist()) for name, t in
+                       read_bucket(buffer, message)})
+        except Exception:  # noqa: BLE001 - anything: it goes back to the test as text
+            import traceback
+
+            conn.send(traceback.format_exc())
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +80,17 @@ def receiver():
     ours, theirs = ctx.Pipe()
     proc = ctx.Process(target=_receiver, args=(theirs,), daemon=True)
     proc.start()
+    theirs.close()  # the child's end lives in the child only: its death ends our recv()
 
     def load(message, first, last):
         ours.send(message)
-        return first, last, ours.recv()
+        if not ours.poll(120):
+            raise TimeoutError(f"the receiving process did not answer in 120 s "
+                               f"(alive: {proc.is_alive()}, exit code {proc.exitcode})")
+        read = ours.recv()
+        if isinstance(read, str):
+            raise RuntimeError(f"the receiving process failed:\n{read}")
+        return first, last, read
 
     yield load
     ours.send(None)
