@@ -107,6 +107,7 @@ def test_plan_against_the_measured_peak(rl_config, sft_model_dir):
                       prompt_len=32, chunk=logprob_chunk())
     print(f"plan {plan.peak / 2**20:.1f} MiB vs measured {measured / 2**20:.1f} MiB "
           f"({plan.peak / measured - 1:+.1%})")
-    # The tiny model's peak is dominated by the CUDA context-independent allocator rounding; a
-    # bound, not a precise figure, until it has been measured on a real GPU.
-    assert 0.3 < plan.peak / measured < 3.0
+    # Measured on one H200 (torch 2.11, 2026-12-04): 154.4 MiB planned, 129.5 MiB measured
+    # (+19.2%). The tiny model's peak is mostly the allocator's rounding of small blocks, which
+    # differs across torch and CUDA versions: a bound around that figure, not an equality.
+    assert 0.8 < plan.peak / measured < 2.0
