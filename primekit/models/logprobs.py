@@ -307,4 +307,4 @@ def batch_values(critic: PreTrainedModel, batch: RolloutBatch, micro_batch_size:
     out = torch.zeros(batch.response_ids.shape)  # [N, T]
     for mb in iter_layout(batch, Layout(micro_batch_size, multiple, max_tokens, packed)):
         out[mb.rows, : mb.response_len] = micro_batch_values(critic, mb).cpu()
-    return out * batch.response_mask.float()
+    return out * batch.response_mask.float().cpu()  # a batch may live on any device

@@ -33,6 +33,39 @@ def test_bf16_prime_step_on_cuda_keeps_fp32_master_weights(rl_config):
     assert next(trainer.engine.model.parameters()).dtype == torch.bfloat16
 
 
+# The switches whose code moves tensors between the CPU (batches, rewards, advantages) and the
+# model's device in ways the default PRIME step does not: each must run a step on CUDA too. The
+# first GPU run (2026-12-04) found the default step itself mixing devices, which no CPU test can.
+SWITCHES = {
+    "ppo-critic": ["algorithm.estimator=ppo"],
+    "prime-value": ["algorithm.estimator=prime-value"],
+    "grpo": ["algorithm.estimator=grpo"],
+    "outcome-only": ["algorithm.reward_mode=outcome"],
+    "min-credit-consistency": ["algorithm.credit=min", "filter.consistency_drop=1"],
+    "double-forward-rollout-ref": ["prm.forward=double", "prm.reference=rollout"],
+    "recompute-tis": ["policy.old_logprobs=recompute", "policy.rollout_correction=tis"],
+    "packed": ["policy.max_tokens_per_micro_batch=256", "prm.max_tokens_per_micro_batch=256"],
+}
+
+
+def two_steps_on(device: str, rl_config, overrides: list[str]) -> None:
+    """Two training steps with `overrides` on `device`: finite metrics, models where placed."""
+    from primekit.factory import build_rl_trainer
+
+    trainer = build_rl_trainer(rl_config(f"train.device={device}", *overrides))
+    for _ in range(2):
+        metrics = trainer.train_step()
+        bad = {k: v for k, v in metrics.items()
+               if isinstance(v, float) and not math.isfinite(v) and not k.startswith("prm/acc")}
+        assert not bad, bad
+    assert {p.device.type for p in trainer.policy.parameters()} == {device}
+
+
+@pytest.mark.parametrize("name", list(SWITCHES))
+def test_each_switch_runs_a_step_on_cuda(rl_config, name):
+    two_steps_on("cuda", rl_config, SWITCHES[name])
+
+
 @pytest.mark.parametrize("cpu_offload", [False, True], ids=["on-gpu", "cpu-offload"])
 def test_nccl_one_rank_sharded_bf16_update_and_metric_collectives(sft_model_dir, tmp_path,
                                                                    cpu_offload):
