@@ -289,9 +289,10 @@ class HFRolloutEngine:
         # Ordinary tensors again (copies made outside inference mode), so that the trainer may
         # use them in autograd (masks and old log-probs enter the loss); on the CPU, like every
         # engine's batch.
-        batches = [RolloutBatch(*(x.to("cpu", copy=True) if isinstance(x, torch.Tensor) else x for x in (
-            b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, b.sampling_logprobs,
-            b.finished, b.responses))) for b in batches]
+        batches = [RolloutBatch(*(
+            x.to("cpu", copy=True) if isinstance(x, torch.Tensor) else x for x in (
+                b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask,
+                b.sampling_logprobs, b.finished, b.responses))) for b in batches]
         return batches[0] if len(batches) == 1 else concat_batches(batches, self.pad_id)
 
     def _forward(self, ids, mask, positions, cache, cache_kwarg: str, last_only: bool = False):
