@@ -4,13 +4,15 @@
 # torchrun when there are two GPUs), the memory plan against torch.cuda's measured peak, the HF
 # engine's written-out decode step against the model's forward in fp32 and bf16, and the weight
 # sync's CUDA IPC route (another process reading the trainer's parameters out of a GPU buffer),
-# and two PRIME steps on CUDA for each of eight switch sets (estimators, credit, packing ...).
-# -s prints the figures. Last run on one H200 (torch 2.11, transformers 5.17), 2026-12-04: all
-# passed but the 2-GPU test (skipped), in 38 s; the switch sets were added after that run
+# two PRIME steps on CUDA for each of eight switch sets (estimators, credit, packing ...), and
+# train-orm / train-prm then PPO with their rewards on CUDA. -s prints the figures. Last run on
+# one H200 (torch 2.11, transformers 5.17), 2026-12-04: all passed but the 2-GPU test (skipped),
+# in 38 s; the switch sets and the explicit reward models were added after that run
 # (docs/scale_out.md).
 # Run from an environment where primekit and a CUDA build of torch are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
 python -m pytest -m gpu -s -q -rs -p no:cacheprovider tests/trainer/test_gpu.py \
-    tests/rollout/test_decode.py tests/rollout/test_weight_transfer.py
+    tests/rollout/test_decode.py tests/rollout/test_weight_transfer.py \
+    tests/reward_models/test_rm_commands_and_rl.py

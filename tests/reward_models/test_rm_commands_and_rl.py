@@ -48,10 +48,8 @@ def _common(policy: Path) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-def work(tiny_model_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("explicit")
-    common = _common(tiny_model_dir)
+def _train_reward_models(root: Path, common: list[str]) -> None:
+    """`train-orm` into root/orm and `train-prm` into root/prm, a handful of steps each."""
     assert _run(
         "train-orm",
         "--config",
@@ -77,6 +75,13 @@ def work(tiny_model_dir, tmp_path_factory):
         "step_prm.num_eval_problems=2",
         "step_prm.epochs=1",
     )
+
+
+@pytest.fixture(scope="module")
+def work(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("explicit")
+    common = _common(tiny_model_dir)
+    _train_reward_models(root, common)
     return root, common
 
 
@@ -161,17 +166,23 @@ MODES = {
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_reward_mode_two_rl_steps(work, mode, tmp_path):
+    root, common = work
+    _two_rl_steps(root, common, mode, tmp_path / "run")
+
+
+def _two_rl_steps(root: Path, common: list[str], mode: str, run_dir: Path) -> None:
+    """Two RL steps in reward mode `mode` with root's reward models: hack metrics present, the
+    policy updated, the explicit reward model frozen and unchanged."""
     from primekit.config import load_config
     from primekit.factory import build_rl_trainer
     from primekit.reward_models.dense import ExplicitRewarder
 
-    root, common = work
     cfg = load_config(
         CONFIG,
         [
             *common,
             f"explicit.model_path={root / ('orm' if mode == 'SR+OR' else 'prm')}",
-            f"train.run_dir={tmp_path / 'run'}",
+            f"train.run_dir={run_dir}",
             "train.steps=2",
             "train.prompts_per_step=2",
             "rollout.n_samples=2",
@@ -205,3 +216,14 @@ def test_reward_mode_two_rl_steps(work, mode, tmp_path):
     rm_after = [p.detach() for r in rewarders for p in r.model.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(rm_before, rm_after))
     assert all(not p.requires_grad for r in rewarders for p in r.model.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["SR+OR", "SR+PR-Clip-Delta"])
+def test_explicit_reward_models_train_and_reward_on_cuda(tiny_model_dir, tmp_path, mode):
+    # train-orm and train-prm on the GPU, then PPO with their rewards (critic, frozen reward
+    # model, policy all on the GPU): the same checks as on the CPU above.
+    common = [*_common(tiny_model_dir), "train.device=cuda"]
+    _train_reward_models(tmp_path, common)
+    _two_rl_steps(tmp_path, common, mode, tmp_path / "run")
