@@ -28,7 +28,15 @@ Measured with TRL 1.16.0 from the demo's SFT model, 1 thread, 2-core machine wit
 jobs stopped (2026-12-01, docs/performance.md): stopping at EOS primekit 0.771 s vs TRL 1.001 s
 (medians, n 7): 0.771x; `--forced` 1.716 s vs 1.688 s: 1.017x (the same matrix products).
 With the HF engine's written-out decode step (2026-12-04, another machine): 0.573 s vs 0.708 s,
-0.810x at EOS; 1.149 s vs 1.235 s, 0.931x forced. The 0.67x target is not met.
+0.810x at EOS; 1.149 s vs 1.235 s, 0.931x forced. Phase by phase (2026-12-04, a 2-core AMD EPYC
+with AVX-512): at EOS 0.424 s vs 0.536 s, 0.791x (rollout 0.106 vs 0.182 s, old log-probs 0.078
+vs 0.084 s, update 0.239 vs 0.276 s); forced 1.020 s vs 1.212 s, 0.841x. The 0.67x target is not
+met (docs/performance.md, "Against TRL, phase by phase"; `benchmarks/op_profile.py` for the floor).
+
+Each side's phases are printed too: ours from the trainer's `timing/*` metrics; TRL's by timing
+its `_generate` and `_get_per_token_logps_and_entropies` (without grad: the old log-probs; with
+grad: the loss's forward), the rest of its step being the backward, optimiser, rewards and
+bookkeeping.
 """
 
 from __future__ import annotations
@@ -43,6 +51,10 @@ import torch
 from common import add_policy_argument, missing_policy
 
 from primekit.config import load_config, resolve_config
+
+# Our step's phases, from the trainer's own `timing/*` metrics (the rest of the step: "other").
+OUR_PHASES = {"rollout": "rollout", "old log-prob forward": "old_logprobs",
+              "policy update (forward, backward, optimiser)": "policy_update"}
 
 
 def ours(policy: str, run_dir: str, forced: bool, threads: int):
@@ -60,12 +72,15 @@ def ours(policy: str, run_dir: str, forced: bool, threads: int):
 
     state = trainer.sampler.state_dict()
 
-    def step() -> float:
+    def step() -> tuple[float, dict[str, float]]:
         trainer.sampler.load_state_dict(state)  # the same 16 prompts at every step, as TRL's
         start = time.perf_counter()
-        trainer.train_step()
+        metrics = trainer.train_step()
+        seconds = time.perf_counter() - start
         trainer.step += 1
-        return time.perf_counter() - start
+        phases = {name: metrics[f"timing/{key}"] for name, key in OUR_PHASES.items()}
+        phases["other"] = seconds - sum(phases.values())
+        return seconds, phases
 
     return trainer, step
 
@@ -88,7 +103,29 @@ def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
         def on_step_end(self, *a, **k):
             self.seconds = time.perf_counter() - self.start
 
-    def step() -> float:
+    # The step's phases, timed by wrapping TRL's own methods (calls within a step are summed):
+    # `_generate` is the sampling; `_get_per_token_logps_and_entropies` runs twice, for the old
+    # log-probs (without grad) and as the loss's forward (with grad).
+    spent: dict[str, float] = {}
+
+    def timed_method(name: str) -> None:
+        method = getattr(GRPOTrainer, name)
+
+        def wrapper(self, *args, **kwargs):
+            key = name if name == "_generate" else f"{name}/grad={torch.is_grad_enabled()}"
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+
+        setattr(GRPOTrainer, name, wrapper)
+
+    for name in ("_generate", "_get_per_token_logps_and_entropies"):
+        timed_method(name)
+
+    def step() -> tuple[float, dict[str, float]]:
+        spent.clear()
         with tempfile.TemporaryDirectory() as out:
             args = GRPOConfig(
                 output_dir=out, per_device_train_batch_size=64, num_generations=4,
@@ -103,7 +140,13 @@ def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
                                   train_dataset=Dataset.from_dict({"prompt": prompts}),
                                   processing_class=tokenizer, callbacks=[timer])
             trainer.train()
-            return timer.seconds
+            phases = {"rollout": spent.get("_generate", 0.0),
+                      "old log-prob forward":
+                          spent.get("_get_per_token_logps_and_entropies/grad=False", 0.0),
+                      "the loss's forward":
+                          spent.get("_get_per_token_logps_and_entropies/grad=True", 0.0)}
+            phases["backward, optimiser and the rest"] = timer.seconds - sum(phases.values())
+            return timer.seconds, phases
 
     return step
 
@@ -141,13 +184,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.repeats} timed steps each after 1 warm-up, alternating", flush=True)
         our_step(), their_step()
         times: dict[str, list[float]] = {"primekit": [], "trl": []}
+        phases: dict[str, dict[str, list[float]]] = {"primekit": {}, "trl": {}}
         for i in range(args.repeats):
-            times["primekit"].append(our_step())
-            times["trl"].append(their_step())
+            for name, step in (("primekit", our_step), ("trl", their_step)):
+                seconds, parts = step()
+                times[name].append(seconds)
+                for part, s in parts.items():
+                    phases[name].setdefault(part, []).append(s)
             print(f"round {i + 1}: primekit {times['primekit'][-1]:.3f} s, "
                   f"trl {times['trl'][-1]:.3f} s", flush=True)
     for name, xs in times.items():
         print(f"{name}: {summary(xs)}")
+        for part, ys in phases[name].items():
+            print(f"  {part}: median {statistics.median(ys):.3f} s")
     ratio = statistics.median(times["primekit"]) / statistics.median(times["trl"])
     print(f"primekit / TRL step time: {ratio:.3f}x (medians; target <= 0.67x)")
     print("differences in work: see the module docstring (RLOO vs GRPO advantages, our decode "
