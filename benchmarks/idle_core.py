@@ -9,7 +9,10 @@ dropped). Each round runs every variant once, in turn; the first round is a warm
 median seconds of each, and how much the side-by-side schedule saves on these two phases.
 
 Usage:
-    python benchmarks/idle_core.py --policy runs/demo/sft [--prompts 64] [--rounds 6]
+    python benchmarks/idle_core.py --policy runs/demo/sft [--prompts 64] [--rounds 6] [overrides ...]
+
+Config overrides apply to the demo's config, e.g. `filter.enabled=false` for a model that solves
+nothing (the filter would keep no batch for the PRM pass), or a shorter `rollout.max_new_tokens`.
 """
 
 from __future__ import annotations
@@ -42,14 +45,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=64, help="prompts in the timed rollout")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, the first one untimed")
     parser.add_argument("--run-dir", default="runs/bench-idle-core")
+    parser.add_argument("overrides", nargs="*", help="config overrides (default: none)")
     args = parser.parse_args(argv)
     if missing_policy(args.policy):
         return 2
     cfg = load_config(resolve_config("tiny"), [
-        f"model.policy={args.policy}", f"train.run_dir={args.run_dir}", "train.report_to=[]"])
+        f"model.policy={args.policy}", f"train.run_dir={args.run_dir}", "train.report_to=[]",
+        *args.overrides])
     trainer = build_rl_trainer(cfg)
     prm = trainer.rewarder.model
     exp, _ = trainer.collect({})  # a real filtered batch for the PRM pass
+    if exp is None:
+        print("the filter kept no group for the PRM pass: pass filter.enabled=false",
+              file=sys.stderr)
+        return 2
     K = cfg.rollout.n_samples
     prompt_ids = [trainer.train_prompt_ids[i] for i in range(args.prompts) for _ in range(K)]
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,

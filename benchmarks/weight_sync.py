@@ -22,6 +22,7 @@ through the CPU).
 Usage (in the `.venv-vllm` of `.ci/vllm.sh`):
     python benchmarks/weight_sync.py --policy runs/demo/sft [--syncs 5] [--bucket-mb 512]
     python benchmarks/weight_sync.py --random-0.5b --policy runs/demo/sft [--syncs 5]
+Without vLLM the script says so and exits 0 (skipped).
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if missing_policy(args.policy):
         return 1
+    try:  # any exception: a broken install raises more than ImportError (rollout/vllm.py)
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - reported; skipped, as vs_trl.py is without TRL
+        print(f"skipped: vLLM cannot be imported here ({type(e).__name__}: {e}); run it in the "
+              f"`.venv-vllm` of `.ci/vllm.sh`")
+        return 0
 
     from primekit.rollout.vllm import VLLMRolloutEngine
     from primekit.rollout.weight_transfer import SharedWeightSender

@@ -1,0 +1,153 @@
+"""Every script in benchmarks/ runs at its smallest settings and prints what it measured.
+
+Each test starts one script as `python benchmarks/NAME.py ...` from the repository root, on the
+session's random-init tiny model (`tiny_model_dir`) where the script takes a model, and asserts
+its exit status and a line of its real output (a timing, a table row), so that a benchmark
+broken by a change elsewhere is caught. Run dirs and temporary files go under pytest's tmp_path
+(TMPDIR too, for the scripts' own `tempfile` dirs), never into the repository. Scripts whose
+optional dependency is missing here (TRL for vs_trl.py, vLLM for weight_sync.py) are checked on
+the path they take without it: they say they are skipped and exit 0.
+
+Slow: `.ci/run` runs these with `python -m pytest -m slow` (the whole file takes about a minute
+on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+
+# The demo's trainer config made small: no online filter (a random model solves nothing, so the
+# filter would keep no group), 2 prompts x 4 samples per step, 16 new tokens.
+SMALL_STEP = ["filter.enabled=false", "train.prompts_per_step=2", "rollout.max_new_tokens=16"]
+NUMBER = r"[\d.,]+"
+
+
+def run_benchmark(name: str, *args: object, tmp_path: Path, timeout: float = 300) -> str:
+    """`python benchmarks/<name>.py args...` from the repository root; its stdout, after
+    asserting exit status 0."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}  # rich tables: no wrapping
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *map(str, args)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (f"benchmarks/{name}.py exited {proc.returncode}\n"
+                                  f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def assert_line(pattern: str, out: str) -> None:
+    assert re.search(pattern, out, re.MULTILINE), f"no line matching {pattern!r} in:\n{out}"
+
+
+TESTED = {"idle_core", "op_profile", "packing", "rollout", "scaling", "step_time", "verifiers",
+          "vs_trl", "weight_sync"}
+
+
+def test_every_benchmark_has_a_test():
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
+    assert scripts == TESTED, "add a test here for each script in benchmarks/"
+
+
+def test_idle_core(tiny_model_dir, tmp_path):
+    out = run_benchmark("idle_core", "--policy", tiny_model_dir, "--prompts", 2, "--rounds", 2,
+                        "--run-dir", tmp_path / "run", *SMALL_STEP, tmp_path=tmp_path)
+    assert_line(rf"^rollout \(2 prompts x 4\): {NUMBER} s on 2 threads, {NUMBER} s on 1", out)
+    assert_line(rf"^PRM forward \+ backward \(8 rows\): {NUMBER} s on 2 threads", out)
+    assert_line(rf"^one after the other on 2 threads: {NUMBER} s; side by side on 1 thread "
+                rf"each: {NUMBER} s \(saves", out)
+
+
+def test_op_profile(tiny_model_dir, tmp_path):
+    out = run_benchmark("op_profile", "--policy", tiny_model_dir, "--tokens", 8, "--calls", 1,
+                        "--attention", tmp_path=tmp_path)
+    for name in ("update", "rollout"):
+        assert_line(rf"^{name}: {NUMBER} s per call \(profiled\), {NUMBER} GFLOP", out)
+        assert_line(rf"^  {name} +{NUMBER} s, floor {NUMBER} s", out)
+    assert_line(rf"^  weight products +{NUMBER} s +{NUMBER}%", out)
+    assert_line(r"^ +\d+ positions: baddbmm \+ bmm \(ships\) \d+, products \+ sum \d+, SDPA \d+",
+                out)
+
+
+def test_packing(tiny_model_dir, tmp_path):
+    out = run_benchmark("packing", "--rows", 8, "--rounds", 1, "--model", tiny_model_dir,
+                        tmp_path=tmp_path)
+    assert_line(r"^8 rows, \d+ tokens, 1 thread\(s\), forward \+ backward, seconds", out)
+    assert_line(r"^layout +padding +n +median +min +max +vs padded$", out)
+    for layout in ("padded-rows", "sorted-512", "packed-chosen", "packed-one-row"):
+        assert_line(rf"^{layout} +{NUMBER}% +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}x$", out)
+
+
+def test_rollout(tiny_model_dir, tmp_path):
+    # The HF parts only: vLLM is an optional dependency (not installed here).
+    out = run_benchmark("rollout", "--policy", tiny_model_dir, "--engines", "hf,hf-model,generate",
+                        "--batch", 4, "--k", 2, "--max-new-tokens", 8, "--repeats", 1,
+                        "--threads", 1, tmp_path=tmp_path)
+    assert "rollout throughput: 4 sequences, max 8 new tokens" in out, out
+    assert "HF engine, decode=model: decode steps through model forward" in out, out
+    # The table is 120 columns wide: "primekit HF engine, decode=model" wraps after the comma.
+    for engine in ("primekit HF engine", "primekit HF engine,", "transformers generate"):
+        assert_line(rf"^│ {re.escape(engine)} +│ +{NUMBER} │", out)
+
+
+def test_scaling(tiny_model_dir, tmp_path):
+    out = run_benchmark("scaling", "--policy", tiny_model_dir, "--steps", 1,
+                        "train.prompts_per_step=2", "rollout.max_new_tokens=16",
+                        tmp_path=tmp_path)
+    assert "2 ranks (1 thread each) ..." in out, out
+    assert_line(rf"^│ step_s +│ +{NUMBER} │ +{NUMBER} │", out)
+    assert_line(rf"^│ policy params +│ +{NUMBER} MiB │ +{NUMBER} MiB │ +{NUMBER} │", out)
+
+
+@pytest.mark.parametrize("against, label", [
+    ([], "PRIME / RLOO"),
+    (["--against", "rollout.hf_decode=model"], "as given / with rollout.hf_decode=model"),
+], ids=["prime-vs-rloo", "against"])
+def test_step_time(tiny_model_dir, tmp_path, against, label):
+    out = run_benchmark("step_time", "--policy", tiny_model_dir, "--steps", 1, "--warmup", 0,
+                        "--run-dir", tmp_path / "run", *SMALL_STEP, "train.threads=1",
+                        *against, tmp_path=tmp_path)
+    assert "seconds per step (mean of 1, after 0 warm-up)" in out, out
+    assert_line(rf"^│ policy_update +│ +{NUMBER} │ +{NUMBER} │", out)
+    assert_line(rf"^{re.escape(label)} step time: {NUMBER}x", out)
+    assert_line(rf"^per-step {re.escape(label)} ratio: n=1, median {NUMBER}", out)
+
+
+@pytest.mark.parametrize("part, pattern", [
+    ("math", rf"^math: 20 verdicts in {NUMBER} s = \d+/s with \d+ workers"),
+    ("code", rf"^code: 164 HumanEval canonical solutions in {NUMBER} s = {NUMBER}/s"),
+    ("mixed", rf"^mixed: 64 math \+ 16 code in one batch: {NUMBER} s = {NUMBER}/s"),
+], ids=["math", "code", "mixed"])
+def test_verifiers(tmp_path, part, pattern):
+    out = run_benchmark("verifiers", "--n-math", 20, "--parts", part, tmp_path=tmp_path)
+    assert_line(pattern, out)
+
+
+def test_vs_trl(tiny_model_dir, tmp_path):
+    if importlib.util.find_spec("trl") is None:  # TRL is not a dependency: the skip path
+        out = run_benchmark("vs_trl", "--policy", tiny_model_dir, tmp_path=tmp_path)
+        assert_line(r"^skipped: TRL cannot be imported here", out)
+        return
+    out = run_benchmark("vs_trl", "--policy", tiny_model_dir, "--repeats", 1, tmp_path=tmp_path)
+    assert_line(rf"^primekit: median {NUMBER} s", out)
+    assert_line(rf"^primekit / TRL step time: {NUMBER}x", out)
+
+
+def test_weight_sync(tiny_model_dir, tmp_path):
+    if importlib.util.find_spec("vllm") is None:  # vLLM is optional: the skip path
+        out = run_benchmark("weight_sync", "--policy", tiny_model_dir, tmp_path=tmp_path)
+        assert_line(r"^skipped: vLLM cannot be imported here", out)
+        return
+    out = run_benchmark("weight_sync", "--policy", tiny_model_dir, "--syncs", 1,
+                        tmp_path=tmp_path)
+    assert_line(rf"^ +shared: median +{NUMBER} ms", out)
+    assert_line(rf"^shared / file median: {NUMBER}x", out)
