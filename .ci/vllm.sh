@@ -29,6 +29,9 @@ echo "== vLLM tests"
 # Without this the slow tier skips with a reason instead of failing when vllm cannot be imported;
 # here vllm was just installed, so a skip would hide a broken install.
 PRIMEKIT_REQUIRE_VLLM=1 python -m pytest -m slow -q -rs tests/trainer/test_vllm.py
+echo "== the benchmarks' vLLM parts (rollout throughput, weight sync), at their smallest"
+python -m pytest -m slow -q -rs tests/infra/test_benchmarks.py::test_rollout \
+    tests/infra/test_benchmarks.py::test_weight_sync
 
 echo "== primekit train --config tiny rollout.backend=vllm"
 # The command as docs/rollout.md gives it, nothing added. It reads the demo's SFT model from

@@ -88,15 +88,21 @@ def test_packing(tiny_model_dir, tmp_path):
 
 
 def test_rollout(tiny_model_dir, tmp_path):
-    # The HF parts only: vLLM is an optional dependency (not installed here).
-    out = run_benchmark("rollout", "--policy", tiny_model_dir, "--engines", "hf,hf-model,generate",
+    # The HF parts, and vLLM where it can be imported (an optional dependency: the vLLM tier's
+    # venv, .ci/vllm.sh, runs this test too).
+    vllm = importlib.util.find_spec("vllm") is not None
+    engines = "hf,hf-model,generate" + (",vllm" if vllm else "")
+    out = run_benchmark("rollout", "--policy", tiny_model_dir, "--engines", engines,
                         "--batch", 4, "--k", 2, "--max-new-tokens", 8, "--repeats", 1,
-                        "--threads", 1, tmp_path=tmp_path)
+                        "--threads", 1, tmp_path=tmp_path, timeout=600)
     assert "rollout throughput: 4 sequences, max 8 new tokens" in out, out
     assert "HF engine, decode=model: decode steps through model forward" in out, out
     # The table is 120 columns wide: "primekit HF engine, decode=model" wraps after the comma.
-    for engine in ("primekit HF engine", "primekit HF engine,", "transformers generate"):
+    for engine in ("primekit HF engine", "primekit HF engine,", "transformers generate",
+                   *(["vllm (primekit engine)"] if vllm else [])):
         assert_line(rf"^│ {re.escape(engine)} +│ +{NUMBER} │", out)
+    if vllm:
+        assert_line(rf"^vLLM weight sync: {NUMBER} ms mean of \d+", out)
 
 
 def test_scaling(tiny_model_dir, tmp_path):
