@@ -33,8 +33,9 @@ Shared runs. Many specs have an arm that is the base config itself (PRIME with t
 the `sft-init` arm of prm-init, ...). Before starting a run from nothing, the runner looks for a
 finished run in the other experiment directories beside `out_dir` (`<out_dir>/../*/runs/*`) whose
 stored config is the same in every field but where it lives and how it was run (`NOT_THE_RUN`:
-run directory, threads, checkpoint cadence, loggers, verifier workers), that finished at the same
-`train.steps` and that logs the metrics this spec's verdicts read of it. If it finds one,
+run directory, threads, checkpoint cadence, loggers, verifier workers, micro-batch layout), that
+finished at the same `train.steps` and that logs the metrics this spec's verdicts read of it. If
+it finds one,
 `runs/<run id>` becomes a symbolic link to it (one `"how": "shared"` line in attempts.jsonl) and
 nothing is trained. A run from an older primekit matches only if every field added since is at
 its default (`same_run`). A shared run that this spec wants continued (a larger `train.steps`)
