@@ -26,7 +26,12 @@ from pathlib import Path
 
 MIN_AVG_GAIN = 0.05  # avg@4 (sampled accuracy) gain, SFT -> PRIME
 MIN_GREEDY_GAIN = 0.0  # greedy pass@1 must not fall
-MAX_PRM_LOSS = 0.6926  # mean PRM loss over the second half of the run, below ln 2 = 0.69315
+# Mean PRM loss over the second half of the run. A PRM never updated scores exactly 0, so its loss
+# is exactly ln 2 = 0.693147 at every step; one updated the wrong way goes above. Healthy 160-step
+# runs of the demo's config on arithmetic reach 0.69262 (docs/experiments/records/prime-vs-rloo,
+# seed 2) and 0.69258 (a packed-layout run from the demo's SFT model): the earlier bound, 0.6926,
+# would have failed 2 of 12 such runs, so the bound sits between them and ln 2.
+MAX_PRM_LOSS = 0.6930
 MIN_PRM_PAIRWISE = 0.52  # mean PRM pairwise accuracy over the second half (no update: 0.5)
 # The SFT phase learns the task: the floors of tests/data/test_arithmetic_learnable.py, which
 # .ci/run leaves to this check (the demo's SFT models measured 0.47-0.86 greedy over seeds).
