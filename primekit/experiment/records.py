@@ -42,8 +42,7 @@ FORMAT = 1
 # Config fields that say where a run lives and how it was executed, not what it computes or reports.
 # The micro-batch layout (padded rows, or packed by a token budget) is how a pass is executed: the
 # same losses and gradients up to float rounding (tests/models/test_packing.py), as with the
-# number of threads; the tiny configs went from padded rows to packed after most records were
-# made.
+# number of threads; so a record stays the same run whichever layout a config chooses.
 NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_every",
                "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers",
                "policy.max_tokens_per_micro_batch", "policy.packing",

@@ -254,11 +254,11 @@ def test_same_run_across_primekit_versions():
     moved = load_config(tiny, ["train.steps=100", "train.seed=1", "train.run_dir=elsewhere",
                                  "train.threads=1", "train.save_every=7"])
     assert same_run(saved, moved)  # where and how it ran are not the run
-    padded = load_config(tiny, ["train.steps=100", "train.seed=1",
-                                "policy.max_tokens_per_micro_batch=0",
-                                "prm.max_tokens_per_micro_batch=0", "prm.packing=sorted"])
-    assert cfg.policy.max_tokens_per_micro_batch > 0  # tiny packs; padded rows are the same run
-    assert same_run(json.loads(json.dumps(padded.to_dict())), cfg)
+    packed = load_config(tiny, ["train.steps=100", "train.seed=1",
+                                "policy.max_tokens_per_micro_batch=4096",
+                                "prm.max_tokens_per_micro_batch=4096", "prm.packing=sorted"])
+    assert cfg.policy.max_tokens_per_micro_batch == 0  # tiny pads; packed rows are the same run
+    assert same_run(json.loads(json.dumps(packed.to_dict())), cfg)
     assert not same_run(saved, load_config(tiny, ["train.steps=100", "train.seed=2"]))
     older = copy.deepcopy(saved)
     del older["algorithm"]["credit"]  # a run from before algorithm.credit existed
