@@ -71,14 +71,8 @@ def split(prof, calls: int) -> dict[str, float]:
 def attainable_gflops(rows: int, d_in: int, d_out: int, repeats: int = 30) -> float:
     """GFLOP/s of one [rows, d_in] x [d_in, d_out] product alone (median of `repeats`)."""
     a, b = torch.randn(rows, d_in), torch.randn(d_in, d_out)
-    for _ in range(5):
-        a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * rows * d_in * d_out / statistics.median(times) / 1e9
+    median_time(lambda: a @ b, 5)  # warm-up
+    return 2 * rows * d_in * d_out / median_time(lambda: a @ b, repeats) / 1e9
 
 
 def profiled(fn, calls: int) -> tuple[float, dict[str, float]]:
@@ -213,13 +207,8 @@ def attention_variants(config, m: int, capacity: int, repeats: int = 300) -> Non
         args = (cache_k[:, :, :L], cache_v[:, :, :L], torch.zeros(m, L))
         row = []
         for name, fn in variants.items():
-            fn(*args)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn(*args)
-                times.append(time.perf_counter() - t0)
-            row.append(f"{name} {1e6 * statistics.median(times):.0f}")
+            fn(*args)  # warm-up
+            row.append(f"{name} {1e6 * median_time(lambda: fn(*args), repeats):.0f}")  # noqa: B023
         print(f"  {L:3d} positions: " + ", ".join(row))
 
 if __name__ == "__main__":
