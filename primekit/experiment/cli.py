@@ -41,8 +41,7 @@ def list_specs(records: Path | None = None) -> list[str]:
     many runs have finished in its default directory (runs/experiments/<name>, from here) and,
     with `records`, how many a run-record directory holds (by config and steps; whether their
     input files match is checked when they are restored)."""
-    from primekit.experiment.records import find_record
-    from primekit.experiment.runner import default_out_dir, progress
+    from primekit.experiment.runner import default_out_dir, progress, spec_record
     from primekit.experiment.spec import load_spec, packaged_specs
 
     lines = []
@@ -53,7 +52,7 @@ def list_specs(records: Path | None = None) -> list[str]:
         out = default_out_dir(s)
         done = f"; {progress(s, out)[0]} finished in {out}" if (out / "runs").is_dir() else ""
         if records is not None:
-            held = sum(find_record(r.config(s), None, records) is not None for r in s.runs(out))
+            held = sum(spec_record(s, r.config(s), None, records) is not None for r in s.runs(out))
             done += f"; {held} in {records}"
         lines.append(f"{name}: {s.claim}{paper} ({len(s.arms)} arms x {len(s.seeds)} seeds x "
                      f"{len(s.tasks)} tasks = {n} runs{done})")

@@ -47,13 +47,19 @@ NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_
                "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers",
                "policy.max_tokens_per_micro_batch", "policy.packing",
                "prm.max_tokens_per_micro_batch", "prm.packing")
+# Those of them that change the arithmetic (float rounding, which RL amplifies), not only the
+# bookkeeping: a spec whose arms set one of them asks whether it matters (`Spec.strict`).
+ROUNDING = ("train.threads", "policy.max_tokens_per_micro_batch", "policy.packing",
+            "prm.max_tokens_per_micro_batch", "prm.packing")
 
 
-def same_run(saved: dict, cfg: Config) -> bool:
+def same_run(saved: dict, cfg: Config, strict: tuple[str, ...] = ()) -> bool:
     """Whether a stored config (`trainer_state.json`) describes the run `cfg` asks for: the same
     value in every field, up to `NOT_THE_RUN`. A field the stored config lacks (added to primekit
     after that run) matches only at its default, the behaviour the run had before the field
-    existed; a stored field primekit no longer has never matches."""
+    existed; a stored field primekit no longer has never matches. `strict` names fields of
+    `NOT_THE_RUN` that must match all the same: those a spec's arms vary (`Spec.strict`), where
+    how a pass is executed is the question itself."""
     from primekit.trainer.rundir import _flatten
 
     old, new = _flatten(saved), _flatten(json.loads(json.dumps(cfg.to_dict())))
@@ -61,7 +67,7 @@ def same_run(saved: dict, cfg: Config) -> bool:
         return False
     defaults = _flatten(json.loads(json.dumps(Config().to_dict())))
     for k, value in new.items():
-        if k.startswith(NOT_THE_RUN):
+        if k.startswith(NOT_THE_RUN) and not k.startswith(strict):
             continue
         if k in old:
             if old[k] != value:
@@ -140,19 +146,21 @@ def _logged_keys(path: Path) -> set[str]:
 
 
 def find_record(cfg: Config, inputs: dict | None, records: Path,
-                needs: frozenset[str] = frozenset()) -> Path | None:
+                needs: frozenset[str] = frozenset(), *, strict: tuple[str, ...] = (),
+                spec: str | None = None) -> Path | None:
     """A record of the run `cfg` asks for: the same config up to how it was executed
-    (`same_run`), the same `train.steps`, the same input fingerprints `inputs` (None: not
-    checked, for counting only), and every metric in `needs` logged; or None."""
+    (`same_run`, with `strict`), the same `train.steps`, the same input fingerprints `inputs`
+    (None: not checked, for counting only), and every metric in `needs` logged; or None.
+    `spec`: only that spec's own records (a spec with `share: false`), else any spec's."""
     if not records.is_dir():
         return None
-    for path in sorted(records.glob("*/*.jsonl.gz")):
+    for path in sorted(records.glob(f"{spec or '*'}/*.jsonl.gz")):
         if path.parent.name == MODELS:
             continue
         head = read_header(path)
         if (head is not None and head.get("steps") == cfg.train.steps
                 and (inputs is None or head.get("inputs") == inputs)
-                and same_run(head.get("config") or {}, cfg)
+                and same_run(head.get("config") or {}, cfg, strict)
                 and needs <= _logged_keys(path)):
             return path
     return None

@@ -41,7 +41,9 @@ nothing is trained. A run from an older primekit matches only if every field add
 its default (`same_run`). A shared run that this spec wants continued (a larger `train.steps`)
 is first copied, so the other experiment's run is never changed. A run is linked only if it
 started from the same model and data files (the input fingerprints its checkpoint stores).
-`share=False` (`--no-share`) turns this off: every run is trained here.
+`share=False` (`--no-share`, or `share: false` in the spec) turns this off: every run is trained
+here. Fields of NOT_THE_RUN that change the arithmetic and that the spec's arms set
+(`Spec.strict`: the layout, in packed-layout) must match as well.
 
 Run records (`records`, `--records DIR`; primekit.experiment.records): runs and `prepare` models
 restored from a directory that outlives this machine instead of being trained, and every finished
@@ -160,12 +162,14 @@ def _stored_inputs(run_dir: Path) -> dict | None:
 
 
 def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset(),
-                inputs: Callable[[], dict] | None = None) -> Path | None:
+                inputs: Callable[[], dict] | None = None,
+                strict: tuple[str, ...] = ()) -> Path | None:
     """A finished run of another experiment beside `out_dir` that is this run (`same_run`),
     started from the same model and data files (`inputs()`, `rundir.input_fingerprint(cfg)`,
     hashed only when a candidate gets that far; a run that stored none is not checked) and that
     logs every metric in `needs` (what this spec's verdicts read of it: a run trained before a
-    metric existed is not linked), or None. Only real directories are candidates (never another
+    metric existed is not linked), or None. `strict`: fields of NOT_THE_RUN that must match too
+    (`Spec.strict`). Only real directories are candidates (never another
     experiment's link)."""
     here = out_dir.resolve()
     for exp in sorted(p for p in out_dir.resolve().parent.iterdir() if p.is_dir()):
@@ -175,7 +179,7 @@ def find_shared(cfg: Config, out_dir: Path, needs: frozenset[str] = frozenset(),
             if cand.is_symlink() or not cand.is_dir():
                 continue
             step, saved = stored_run(cand)
-            if (step == cfg.train.steps and saved is not None and same_run(saved, cfg)
+            if (step == cfg.train.steps and saved is not None and same_run(saved, cfg, strict)
                     and run_state(cand, cfg) == FINISHED and needs <= _logged_keys(cand)
                     and (inputs is None or _stored_inputs(cand) in (None, inputs()))):
                 return cand
@@ -368,7 +372,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
                     r.run_dir, configs[r.run_id]) != FINISHED:
                 shutil.rmtree(r.run_dir)  # a record's copy for other steps: nothing trained here
         states = {r.run_id: run_state(r.run_dir, configs[r.run_id]) for r in runs}
-        if share:
+        if share and spec.share:
             _share(spec, out_dir, runs, configs, states)
         if records is not None:
             _restore_records(spec, out_dir, runs, configs, states, records)
@@ -422,7 +426,8 @@ def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config
         if states[r.run_id] != FRESH:
             continue
         cfg = configs[r.run_id]
-        found = find_shared(cfg, out_dir, _needs(spec, r), lambda cfg=cfg: inputs(cfg))
+        found = find_shared(cfg, out_dir, _needs(spec, r), lambda cfg=cfg: inputs(cfg),
+                            spec.strict)
         if found is None:
             continue
         if r.run_dir.is_dir():  # FRESH: at most an empty directory (or a stale .lock)
@@ -436,6 +441,14 @@ def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config
             f.write(json.dumps(row) + "\n")
 
 
+def spec_record(spec: Spec, cfg: Config, inputs: dict | None, records: Path,
+                needs: frozenset[str] = frozenset()) -> Path | None:
+    """`records.find_record` for a run of `spec`: with the fields its arms vary (`Spec.strict`),
+    among its own records only when it does not share (`Spec.share`)."""
+    return find_record(cfg, inputs, records, needs, strict=spec.strict,
+                       spec=None if spec.share else spec.name)
+
+
 def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],
                      states: dict[str, str], records: Path) -> None:
     """Restore each run not yet started from a record of the same run (`records.find_record`:
@@ -444,7 +457,8 @@ def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[s
     for r in runs:
         if states[r.run_id] != FRESH:
             continue
-        found = find_record(configs[r.run_id], inputs(configs[r.run_id]), records, _needs(spec, r))
+        found = spec_record(spec, configs[r.run_id], inputs(configs[r.run_id]), records,
+                            _needs(spec, r))
         if found is None:
             continue
         head = restore(found, r.run_dir)
@@ -482,7 +496,7 @@ def _save_records(spec: Spec, runs: list[Run], configs: dict[str, Config], recor
             continue
         state = _trainer_state(r.run_dir) or {}
         inputs = state.get("inputs") or {}
-        if find_record(cfg, inputs, records) is not None:
+        if spec_record(spec, cfg, inputs, records) is not None:
             continue  # recorded already (perhaps by another spec sharing the run)
         path = write_record(r.run_dir, record_path(records, spec.name, r.run_id), {
             "run": r.run_id, "spec": spec.name, "steps": cfg.train.steps,

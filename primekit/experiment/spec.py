@@ -23,6 +23,7 @@ A spec is a YAML file:
       compare: [[prime, rloo]]                # [treatment, baseline] pairs
       ...                                     # see Verdict
     budget: 60 steps x 32 prompts x 4 samples, eval on 200 problems
+    share: false                              # optional: train every run here (module docstring)
     map:                                      # optional: arms on a two-parameter grid
       x: prm.lr                               # override fields the mapped arms set
       y: prm.beta
@@ -34,6 +35,12 @@ Overrides are a mapping of dotted config fields to values, or a list of `field=v
 arm's value may instead be a mapping from every task family's name to that family's value (a
 threshold chosen per task family's reward model, say); the arm's other fields, and the other arms,
 stay common, so runs they share with other specs stay shared.
+Runs are shared between specs (linked from another experiment's directory, restored from another
+spec's run record) when their configs agree up to how they were executed (`records.NOT_THE_RUN`:
+threads, micro-batch layout, ...). `share: false` trains every run of the spec here, from the
+primekit it runs on: for a comparison that must not mix versions. An arm that sets a field of
+NOT_THE_RUN that changes the arithmetic (threads, layout) makes that field part of the run for
+this spec (`Spec.strict`).
 Each run is configured as base <- overrides <- the task's <- the arm's <- train.seed, and every
 run's config is built (and so validated by primekit.config) when the spec is loaded: an unknown
 key or a bad override is one `SpecError` line naming the spec file and the field.
@@ -171,6 +178,21 @@ class Spec:
     path: Path | None = None  # the file it was read from
     # arm -> task family -> the arm's overrides whose value is given per task family
     arm_tasks: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # False: every run trained by this spec itself, none linked from another experiment or
+    # restored from another spec's records (a comparison that must run on one primekit version)
+    share: bool = True
+
+    @property
+    def strict(self) -> tuple[str, ...]:
+        """The fields of `records.NOT_THE_RUN` that change the arithmetic (`records.ROUNDING`:
+        threads, micro-batch layout) and that an arm sets: for this spec they are the question,
+        so a run matches another (shared, recorded) only with the same values
+        (`records.same_run`). Bookkeeping fields an arm sets (`train.save_every`) stay out."""
+        from primekit.experiment.records import ROUNDING
+
+        keys = {o.split("=", 1)[0] for a in self.arms for t in self.tasks
+                for o in self.arm_overrides(a, t)}
+        return tuple(sorted(k for k in keys if k.startswith(ROUNDING)))
 
     def arm_overrides(self, arm: str, task: str) -> list[str]:
         """The overrides of `arm` in task family `task`: its common ones, then its per-task ones."""
@@ -357,7 +379,8 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
                                                                 "sft", err),
         budget=str(data.get("budget") or "").strip(), path=path,
         grid=_grid(data["map"], arm_ovr, err) if data.get("map") is not None else None,
-        prepare=_prepare(data.get("prepare"), err), arm_tasks=arm_tasks)
+        prepare=_prepare(data.get("prepare"), err), arm_tasks=arm_tasks,
+        share=_share_key(data.get("share", True), err))
     try:
         spec.base_path()
     except ConfigError as e:
@@ -365,6 +388,12 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
     if check_runs:
         _check_runs(spec, err)
     return spec
+
+
+def _share_key(raw: Any, err) -> bool:
+    if not isinstance(raw, bool):
+        raise err(f"share: expected true or false, got {raw!r}")
+    return raw
 
 
 def _verdict(raw: Any, where: str, arms: dict[str, list[str]], err) -> Verdict:

@@ -238,6 +238,26 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
     assert not (exps / "c" / "runs").exists() or not any(
         p.is_symlink() for p in (exps / "c" / "runs").glob("*"))
 
+    # An arm that sets how a pass is executed (the layout: NOT_THE_RUN) makes it the run for its
+    # spec: a's padded prime run is linked to the padded arm, not to the packed one.
+    layout = {"algorithm.reward_mode": "prime", "policy.max_tokens_per_micro_batch": 0}
+    path = write_spec(tmp_path / "f.yaml", tiny_model_dir, seeds=[0],
+                      arms={"padded": layout,
+                            "packed": {**layout, "policy.max_tokens_per_micro_batch": 4096}},
+                      verdict={"rule": "equivalence", "metric": "reward/outcome_mean_sampled",
+                               "compare": [["packed", "padded"]]})
+    assert load_spec(path).strict == ("policy.max_tokens_per_micro_batch",)
+    run_experiment(load_spec(path), exps / "f", in_process=main, max_runs=0)
+    assert sorted(p.name for p in (exps / "f" / "runs").glob("*") if p.is_symlink()) == [
+        "default--padded--s0"]
+    # `share: false` in the spec: as --no-share, nothing linked.
+    text = yaml.safe_load(path.read_text())
+    text["share"] = False
+    path.write_text(yaml.safe_dump(text))
+    run_experiment(load_spec(path), exps / "g", in_process=main, max_runs=0)
+    assert not (exps / "g" / "runs").exists() or not any(
+        p.is_symlink() for p in (exps / "g" / "runs").glob("*"))
+
 
 def test_same_run_across_primekit_versions():
     # A stored config is the run asked for when every field agrees up to where and how it ran; a
@@ -259,6 +279,10 @@ def test_same_run_across_primekit_versions():
                                 "prm.max_tokens_per_micro_batch=4096", "prm.packing=sorted"])
     assert cfg.policy.max_tokens_per_micro_batch == 0  # tiny pads; packed rows are the same run
     assert same_run(json.loads(json.dumps(packed.to_dict())), cfg)
+    # ... unless a spec's arms vary the layout (Spec.strict): then it is the run; threads are not.
+    strict = ("policy.max_tokens_per_micro_batch", "prm.max_tokens_per_micro_batch")
+    assert not same_run(json.loads(json.dumps(packed.to_dict())), cfg, strict)
+    assert same_run(saved, moved, strict)
     assert not same_run(saved, load_config(tiny, ["train.steps=100", "train.seed=2"]))
     older = copy.deepcopy(saved)
     del older["algorithm"]["credit"]  # a run from before algorithm.credit existed

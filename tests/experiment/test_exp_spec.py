@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from primekit.cli import main
-from primekit.experiment.spec import SpecError, load_spec, packaged_specs
+from primekit.experiment.spec import SpecError, load_spec, packaged_specs, resolve_spec
 
 GOOD = {
     "name": "demo-exp", "claim": "PRIME beats RLOO", "base": "tiny",
@@ -205,3 +205,38 @@ def test_gao_clip_delta_eta_trains_only_its_clip_arms():
         assert same_run(saved, cfg) == (r.arm in ("sr", "sr-pr", "delta")), r.run_id
         if r.arm.startswith("clip"):
             assert cfg.explicit.eta == {"arithmetic": 0.80, "chains": 0.48}[r.task]
+
+
+def test_packed_layout_trains_both_arms_itself():
+    # packed-layout compares how passes are executed: its arms' layout fields are part of the run
+    # (Spec.strict), and `share: false` keeps prime-vs-rloo's padded PRIME runs (same config,
+    # older primekit) out of it. Its arms are otherwise prime-vs-rloo's PRIME arm exactly.
+    import dataclasses
+
+    from primekit.experiment.runner import spec_record
+
+    spec = load_spec("packed-layout")
+    assert spec.share is False
+    assert spec.strict == ("policy.max_tokens_per_micro_batch", "prm.max_tokens_per_micro_batch")
+    records = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "records"
+    assert (records / "prime-vs-rloo").is_dir()
+    sharing = dataclasses.replace(spec, share=True)
+    for r in spec.runs(Path("runs/experiments/packed-layout")):
+        held = spec_record(spec, r.config(spec), None, records)
+        assert held is None or held.parent.name == "packed-layout", r.run_id
+        other = spec_record(sharing, r.config(sharing), None, records)
+        if r.arm == "packed":  # never a padded run's record
+            assert other is None or other.parent.name == "packed-layout", r.run_id
+        else:  # the same run as prime-vs-rloo's, were sharing allowed
+            assert other is not None, r.run_id
+            if other.parent.name == "prime-vs-rloo":
+                assert other.name == f"{r.task}--prime--s{r.seed}.jsonl.gz"
+
+
+def test_share_key_must_be_a_boolean(tmp_path):
+    text = yaml.safe_load(resolve_spec("packed-layout").read_text())
+    text["share"] = "no"
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(text))
+    with pytest.raises(SpecError, match="share: expected true or false, got 'no'"):
+        load_spec(path, check_runs=False)
