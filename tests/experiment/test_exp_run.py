@@ -239,7 +239,7 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
         p.is_symlink() for p in (exps / "c" / "runs").glob("*"))
 
     # An arm that sets how a pass is executed (the layout: NOT_THE_RUN) makes it the run for its
-    # spec: a's padded prime run is linked to the padded arm, not to the packed one.
+    # spec: a's prime run (the tiny config's layout) is linked to the arm with that layout only.
     layout = {"algorithm.reward_mode": "prime", "policy.max_tokens_per_micro_batch": 0}
     path = write_spec(tmp_path / "f.yaml", tiny_model_dir, seeds=[0],
                       arms={"padded": layout,
@@ -248,8 +248,10 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
                                "compare": [["packed", "padded"]]})
     assert load_spec(path).strict == ("policy.max_tokens_per_micro_batch",)
     run_experiment(load_spec(path), exps / "f", in_process=main, max_runs=0)
+    tiny_layout = spec_a.runs(exps / "a")[0].config(spec_a).policy.max_tokens_per_micro_batch
+    assert tiny_layout in (0, 4096)
     assert sorted(p.name for p in (exps / "f" / "runs").glob("*") if p.is_symlink()) == [
-        "default--padded--s0"]
+        "default--padded--s0" if tiny_layout == 0 else "default--packed--s0"]
     # `share: false` in the spec: as --no-share, nothing linked.
     text = yaml.safe_load(path.read_text())
     text["share"] = False
