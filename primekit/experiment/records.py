@@ -42,7 +42,9 @@ FORMAT = 1
 # Config fields that say where a run lives and how it was executed, not what it computes or reports.
 # The micro-batch layout (padded rows, or packed by a token budget) is how a pass is executed: the
 # same losses and gradients up to float rounding (tests/models/test_packing.py), as with the
-# number of threads; so a record stays the same run whichever layout a config chooses.
+# number of threads, and RL trains the same in either (docs/experiments/packed-layout.md); so a
+# record stays the same run whichever layout a config chooses (the tiny configs pack since
+# 2026-12-04, after most records were made).
 NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_every",
                "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers",
                "policy.max_tokens_per_micro_batch", "policy.packing",

@@ -276,14 +276,14 @@ def test_same_run_across_primekit_versions():
     moved = load_config(tiny, ["train.steps=100", "train.seed=1", "train.run_dir=elsewhere",
                                  "train.threads=1", "train.save_every=7"])
     assert same_run(saved, moved)  # where and how it ran are not the run
-    packed = load_config(tiny, ["train.steps=100", "train.seed=1",
-                                "policy.max_tokens_per_micro_batch=4096",
-                                "prm.max_tokens_per_micro_batch=4096", "prm.packing=sorted"])
-    assert cfg.policy.max_tokens_per_micro_batch == 0  # tiny pads; packed rows are the same run
-    assert same_run(json.loads(json.dumps(packed.to_dict())), cfg)
+    padded = load_config(tiny, ["train.steps=100", "train.seed=1",
+                                "policy.max_tokens_per_micro_batch=0",
+                                "prm.max_tokens_per_micro_batch=0", "prm.packing=sorted"])
+    assert cfg.policy.max_tokens_per_micro_batch > 0  # tiny packs; padded rows are the same run
+    assert same_run(json.loads(json.dumps(padded.to_dict())), cfg)
     # ... unless a spec's arms vary the layout (Spec.strict): then it is the run; threads are not.
     strict = ("policy.max_tokens_per_micro_batch", "prm.max_tokens_per_micro_batch")
-    assert not same_run(json.loads(json.dumps(packed.to_dict())), cfg, strict)
+    assert not same_run(json.loads(json.dumps(padded.to_dict())), cfg, strict)
     assert same_run(saved, moved, strict)
     assert not same_run(saved, load_config(tiny, ["train.steps=100", "train.seed=2"]))
     older = copy.deepcopy(saved)

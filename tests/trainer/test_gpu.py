@@ -44,7 +44,8 @@ SWITCHES = {
     "min-credit-consistency": ["algorithm.credit=min", "filter.consistency_drop=1"],
     "double-forward-rollout-ref": ["prm.forward=double", "prm.reference=rollout"],
     "recompute-tis": ["policy.old_logprobs=recompute", "policy.rollout_correction=tis"],
-    "packed": ["policy.max_tokens_per_micro_batch=256", "prm.max_tokens_per_micro_batch=256"],
+    # The tiny configs pack micro-batches (a token budget); padded rows are the other layout.
+    "padded-rows": ["policy.max_tokens_per_micro_batch=0", "prm.max_tokens_per_micro_batch=0"],
 }
 
 

@@ -23,7 +23,7 @@ from primekit.trainer.critic import update_critic
 COMMON = ("policy.old_logprobs=recompute", "algorithm.estimator=ppo", "algorithm.kl_coef=0.01",
           "policy.ppo_epochs=1", "policy.mini_batch_size=16", "policy.micro_batch_size=16")
 LAYOUTS = {
-    # Padded rows asked for explicitly, whatever the config's default layout.
+    # The tiny configs pack by default: padded rows are asked for.
     "padded-rows": ("policy.micro_batch_size=4", "prm.micro_batch_size=8",
                     "policy.max_tokens_per_micro_batch=0", "prm.max_tokens_per_micro_batch=0"),
     "packed-tokens": ("policy.max_tokens_per_micro_batch=400", "prm.max_tokens_per_micro_batch=400"),
