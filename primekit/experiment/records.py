@@ -149,14 +149,18 @@ def _logged_keys(path: Path) -> set[str]:
 
 def find_record(cfg: Config, inputs: dict | None, records: Path,
                 needs: frozenset[str] = frozenset(), *, strict: tuple[str, ...] = (),
-                spec: str | None = None) -> Path | None:
+                spec: str | None = None, only: bool = False) -> Path | None:
     """A record of the run `cfg` asks for: the same config up to how it was executed
     (`same_run`, with `strict`), the same `train.steps`, the same input fingerprints `inputs`
     (None: not checked, for counting only), and every metric in `needs` logged; or None.
-    `spec`: only that spec's own records (a spec with `share: false`), else any spec's."""
+    `spec`: that spec's own records first (so a report rebuilt from records reads the runs it
+    recorded), then any other spec's; with `only` (a spec with `share: false`) its own alone."""
     if not records.is_dir():
         return None
-    for path in sorted(records.glob(f"{spec or '*'}/*.jsonl.gz")):
+    own = sorted(records.glob(f"{spec}/*.jsonl.gz")) if spec else []
+    others = [] if only else [p for p in sorted(records.glob("*/*.jsonl.gz"))
+                              if spec is None or p.parent.name != spec]
+    for path in own + others:
         if path.parent.name == MODELS:
             continue
         head = read_header(path)

@@ -444,9 +444,9 @@ def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config
 def spec_record(spec: Spec, cfg: Config, inputs: dict | None, records: Path,
                 needs: frozenset[str] = frozenset()) -> Path | None:
     """`records.find_record` for a run of `spec`: with the fields its arms vary (`Spec.strict`),
-    among its own records only when it does not share (`Spec.share`)."""
-    return find_record(cfg, inputs, records, needs, strict=spec.strict,
-                       spec=None if spec.share else spec.name)
+    its own records first, and only those when it does not share (`Spec.share`)."""
+    return find_record(cfg, inputs, records, needs, strict=spec.strict, spec=spec.name,
+                       only=not spec.share)
 
 
 def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],

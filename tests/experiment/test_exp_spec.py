@@ -231,6 +231,12 @@ def test_packed_layout_trains_both_arms_itself():
             assert other is not None, r.run_id
             if other.parent.name == "prime-vs-rloo":
                 assert other.name == f"{r.task}--prime--s{r.seed}.jsonl.gz"
+    # ... and prime-vs-rloo, whose PRIME runs are packed-layout's up to the layout, restores its
+    # own records first (its report rebuilt from records reads the runs it recorded).
+    pvr = load_spec("prime-vs-rloo")
+    for r in pvr.runs(Path("runs/experiments/prime-vs-rloo")):
+        held = spec_record(pvr, r.config(pvr), None, records)
+        assert held == records / "prime-vs-rloo" / f"{r.run_id}.jsonl.gz", r.run_id
 
 
 def test_share_key_must_be_a_boolean(tmp_path):
