@@ -262,8 +262,9 @@ def broadcast_object(obj: T, src: int = 0) -> T:
 def process_group_from_env() -> Iterator[None]:
     """Under `torchrun` (WORLD_SIZE > 1 in the environment), join the default process group for
     the duration of the block: NCCL with one GPU per process (cuda:LOCAL_RANK) when CUDA is
-    available, gloo on CPUs. A plain `python` run, or a group already initialised by the caller,
-    passes through untouched.
+    available, gloo on CPUs; at its normal end every rank waits for the others before the group
+    is torn down. A plain `python` run, or a group already initialised by the caller, passes
+    through untouched.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or _initialized():
         yield
@@ -276,5 +277,9 @@ def process_group_from_env() -> Iterator[None]:
     torch.distributed.init_process_group(backend)
     try:
         yield
+        # Every rank done before any tears the group down: a rank destroying it while another
+        # still runs a collective could abort that one at exit (SIGABRT after a finished run).
+        # Not on an exception: the other ranks may never reach a barrier.
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
