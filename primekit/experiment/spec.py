@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from primekit.config import Config, ConfigError, load_config, resolve_config
+from primekit.experiment.records import ROUNDING
 
 # The packaged specs, found by name with `primekit experiment NAME`.
 SPEC_DIR = Path(__file__).parent / "specs"
@@ -188,8 +189,6 @@ class Spec:
         threads, micro-batch layout) and that an arm sets: for this spec they are the question,
         so a run matches another (shared, recorded) only with the same values
         (`records.same_run`). Bookkeeping fields an arm sets (`train.save_every`) stay out."""
-        from primekit.experiment.records import ROUNDING
-
         keys = {o.split("=", 1)[0] for a in self.arms for t in self.tasks
                 for o in self.arm_overrides(a, t)}
         return tuple(sorted(k for k in keys if k.startswith(ROUNDING)))
