@@ -29,9 +29,12 @@ jobs stopped (2026-12-01, docs/performance.md): stopping at EOS primekit 0.771 s
 (medians, n 7): 0.771x; `--forced` 1.716 s vs 1.688 s: 1.017x (the same matrix products).
 With the HF engine's written-out decode step (2026-12-04, another machine): 0.573 s vs 0.708 s,
 0.810x at EOS; 1.149 s vs 1.235 s, 0.931x forced. Phase by phase (2026-12-04, a 2-core AMD EPYC
-with AVX-512): at EOS 0.424 s vs 0.536 s, 0.791x (rollout 0.106 vs 0.182 s, old log-probs 0.078
-vs 0.084 s, update 0.239 vs 0.276 s); forced 1.020 s vs 1.212 s, 0.841x. The 0.67x target is not
-met (docs/performance.md, "Against TRL, phase by phase"; `benchmarks/op_profile.py` for the floor).
+with AVX-512, padded rows): at EOS 0.424 s vs 0.536 s, 0.791x; forced 1.020 s vs 1.212 s, 0.841x.
+With the packed micro-batches the tiny config has since (2026-12-05, the same machine): at EOS
+0.344 s vs 0.540 s, 0.638x (a second run 0.642x; rollout 0.098 vs 0.179 s, old log-probs 0.061 vs
+0.082 s, update 0.182 vs 0.282 s): the 0.67x target is met; forced 1.016 s vs 1.208 s, 0.840x, not
+met (no padding to remove; docs/performance.md, "Against TRL, phase by phase";
+`benchmarks/op_profile.py` for the floor).
 
 Each side's phases are printed too: ours from the trainer's `timing/*` metrics; TRL's by timing
 its `_generate` and `_get_per_token_logps_and_entropies` (without grad: the old log-probs; with
