@@ -359,6 +359,12 @@ class SFTConfig:
     warmup_steps: NonNegative = 30
     weight_decay: NonNegativeFloat = 0.0
     grad_clip: PositiveFloat = 1.0
+    # > 0: each batch is cut into micro-batches of at most this many tokens (gradients
+    # accumulated over them, the loss the batch's mean all the same); packing as for the policy:
+    # "packed" lays the demonstrations end to end without padding, "sorted" pads rows sorted by
+    # length. 0: the batch is one padded micro-batch.
+    max_tokens_per_micro_batch: NonNegative = 0
+    packing: Literal["packed", "sorted"] = "packed"
     seed: int = 0
     # torch CPU threads during SFT; 0 = torch's default. Separate from train.threads: SFT and RL
     # may want different numbers of threads on the same machine.

@@ -1,4 +1,10 @@
-"""Supervised warm-up: next-token cross-entropy on response tokens only, then an HF checkpoint."""
+"""Supervised warm-up: next-token cross-entropy on response tokens only, then an HF checkpoint.
+
+The demonstrations go through the same micro-batches and the same scoring code as RL's passes
+(`primekit.rollout.batching`, `models.logprobs`): padded rows, or with
+`sft.max_tokens_per_micro_batch` packed padding-free micro-batches, the loss and gradients the
+same to float rounding; the lm_head runs on the response tokens only, in chunks.
+"""
 
 from __future__ import annotations
 
@@ -9,44 +15,72 @@ from pathlib import Path
 
 import torch
 
-from primekit.config import Config, ConfigError
+from primekit.config import Config, ConfigError, SFTConfig
 from primekit.data.problem import Problem
 from primekit.data.splits import encode_prompts, load_splits
 from primekit.logging import MetricLogger, Progress
 from primekit.models.hf import load_model, load_tokenizer, save_model
+from primekit.models.logprobs import micro_batch_logprobs
 from primekit.models.optim import NonFiniteError, guarded_step, nonfinite_weights
+from primekit.rollout.base import RolloutBatch
+from primekit.rollout.batching import Layout, iter_layout
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
 
 
-def sft_batch(tokenizer, prompt_ids: list[list[int]], responses: list[str]) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response rows with labels = -100 except on response tokens (and EOS)."""
-    rows, labels = [], []
-    for p_ids, text in zip(prompt_ids, responses):
-        r_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(p_ids + r_ids)
-        labels.append([-100] * len(p_ids) + r_ids)
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [n, L]
-    label_t = torch.full((len(rows), width), -100, dtype=torch.long)  # [n, L]
-    attention = torch.zeros((len(rows), width), dtype=torch.long)  # [n, L]
-    for i, (r, lab) in enumerate(zip(rows, labels)):
-        input_ids[i, : len(r)] = torch.tensor(r)
-        label_t[i, : len(lab)] = torch.tensor(lab)
-        attention[i, : len(r)] = 1
-    return {"input_ids": input_ids, "labels": label_t, "attention_mask": attention}
+def sft_batch(tokenizer, prompt_ids: list[list[int]], responses: list[str]) -> RolloutBatch:
+    """Demonstrations in the rollout layout: each prompt left-padded, its response (the
+    demonstration's tokens and EOS) right-padded, so the padded and packed micro-batches of
+    `primekit.rollout.batching` cut SFT's batches as they cut RL's. [N, P] and [N, T]."""
+    responses_ids = [tokenizer(text, add_special_tokens=False)["input_ids"]
+                     + [tokenizer.eos_token_id] for text in responses]
+    n, pad = len(prompt_ids), tokenizer.pad_token_id
+    P, T = max(map(len, prompt_ids)), max(map(len, responses_ids))
+    prompt_t = torch.full((n, P), pad, dtype=torch.long)  # [N, P]
+    prompt_mask = torch.zeros((n, P), dtype=torch.long)  # [N, P]
+    response_t = torch.full((n, T), pad, dtype=torch.long)  # [N, T]
+    response_mask = torch.zeros((n, T), dtype=torch.long)  # [N, T]
+    for i, (p_ids, r_ids) in enumerate(zip(prompt_ids, responses_ids)):
+        prompt_t[i, P - len(p_ids) :], prompt_mask[i, P - len(p_ids) :] = torch.tensor(p_ids), 1
+        response_t[i, : len(r_ids)], response_mask[i, : len(r_ids)] = torch.tensor(r_ids), 1
+    return RolloutBatch(prompt_t, prompt_mask, response_t, response_mask,
+                        torch.zeros((n, T)), torch.ones(n, dtype=torch.bool), list(responses))
 
 
-def response_token_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """Mean next-token cross-entropy over response tokens: -1/|R| sum_{t in R} log p(y_t | y_<t)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    shift_logits = logits[:, :-1].float()  # [n, L-1, V]
-    shift_labels = batch["labels"][:, 1:]  # [n, L-1]
-    loss = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=-100
-    )
-    n_tokens = int((shift_labels != -100).sum())
-    return loss, {"sft/loss": loss.item(), "sft/tokens": n_tokens}
+def response_token_loss(logprobs: torch.Tensor, response_mask: torch.Tensor,
+                        n_tokens: int) -> tuple[torch.Tensor, dict]:
+    """One micro-batch's share of SFT's loss, the mean next-token cross-entropy over the batch's
+    response tokens R: -1/|R| sum_{t in R_mb} log p(y_t | y_<t).
+
+    Divided by the whole batch's |R| = n_tokens, not the micro-batch's, so the shares of a batch
+    sum to its mean (and their gradients to its gradient) however it is cut into micro-batches.
+
+    Args:
+        logprobs: [n, t] log p(y_t | y_<t) of the micro-batch's response tokens.
+        response_mask: [n, t] 1 (True) on response tokens.
+        n_tokens: |R|, the response tokens of the whole batch.
+    """
+    mask = response_mask.to(logprobs.dtype)  # [n, t]
+    loss = -(logprobs * mask).sum() / n_tokens
+    return loss, {"sft/tokens": int(mask.sum())}
+
+
+def sft_backward(model, batch: RolloutBatch, layout: Layout) -> dict:
+    """Forward and backward of one SFT batch, micro-batch by micro-batch (gradients accumulate
+    in the parameters' .grad): the batch's loss and response tokens."""
+    n_tokens, total = int(batch.response_mask.sum()), 0.0
+    for mb in iter_layout(batch, layout):
+        logprobs, _ = micro_batch_logprobs(model, mb)  # [n, t]
+        loss, _ = response_token_loss(logprobs, mb.response_mask.to(logprobs.device), n_tokens)
+        loss.backward()
+        total += loss.item()
+    return {"sft/loss": total, "sft/tokens": n_tokens}
+
+
+def sft_layout(section: SFTConfig) -> Layout:
+    """SFT's micro-batches: the whole batch as one padded micro-batch, or, with a token budget,
+    packed (or length-sorted padded) micro-batches of at most that many tokens."""
+    budget = section.max_tokens_per_micro_batch
+    return Layout(section.batch_size, 1, budget, budget > 0 and section.packing == "packed")
 
 
 def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
@@ -81,6 +115,7 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     prompt_ids = encode_prompts(tokenizer, train, cfg)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    layout = sft_layout(s)
 
     def lr_at(step: int) -> float:
         # Linear warm-up, then cosine decay to 10% of the peak.
@@ -109,12 +144,10 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
             cursor += s.batch_size
             batch = sft_batch(tokenizer, [prompt_ids[i] for i in idx],
                               [_solution(train[i]) for i in idx])
-            batch = {k: v.to(device) for k, v in batch.items()}
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
-            loss, metrics = response_token_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            metrics = sft_backward(model, batch, layout)
             # Clip, check the gradient norm and the updated weights (train.on_nonfinite).
             grad_norm, _ = guarded_step("sft", model, optimizer, grad_clip=s.grad_clip,
                                         mode=cfg.train.on_nonfinite, step=step + 1,

@@ -49,8 +49,8 @@ def assert_line(pattern: str, out: str) -> None:
     assert re.search(pattern, out, re.MULTILINE), f"no line matching {pattern!r} in:\n{out}"
 
 
-TESTED = {"idle_core", "op_profile", "packing", "rollout", "scaling", "step_time", "verifiers",
-          "vs_trl", "weight_sync"}
+TESTED = {"idle_core", "op_profile", "packing", "rollout", "scaling", "sft_step", "step_time",
+          "verifiers", "vs_trl", "weight_sync"}
 
 
 def test_every_benchmark_has_a_test():
@@ -85,6 +85,22 @@ def test_packing(tiny_model_dir, tmp_path):
     assert_line(r"^layout +padding +n +median +min +max +vs padded$", out)
     for layout in ("padded-rows", "sorted-512", "packed-chosen", "packed-one-row"):
         assert_line(rf"^{layout} +{NUMBER}% +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}x$", out)
+
+
+def test_sft_step(tiny_model_dir, tmp_path):
+    out = run_benchmark("sft_step", "--model", tiny_model_dir, "--steps", 2, "--warmup", 0,
+                        "--threads", 1, "sft.batch_size=8", tmp_path=tmp_path)
+    assert_line(r"^SFT steps of tiny \(8 demonstrations each\), 1 thread\(s\), packed budget 4096", out)
+    rows = {}
+    for name in ("padded", "packed"):
+        m = re.search(rf"^{name} +({NUMBER})% +2 +{NUMBER} +{NUMBER} +{NUMBER} +({NUMBER})$", out,
+                      re.MULTILINE)
+        assert m, out
+        rows[name] = float(m[1]), float(m[2])
+    assert rows["packed"][0] < rows["padded"][0]  # packing removes padding
+    # Two steps from one model: the same loss in both layouts, up to float rounding.
+    assert abs(rows["packed"][1] - rows["padded"][1]) < 1e-4
+    assert_line(rf"^packed / padded step time: {NUMBER}x \(medians\)$", out)
 
 
 def test_rollout(tiny_model_dir, tmp_path):
