@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from primekit.config import SFTConfig
-from primekit.models.logprobs import micro_batch_logprobs
 from primekit.rollout.batching import iter_layout
 from primekit.trainer.sft import response_token_loss, sft_backward, sft_batch, sft_layout
 
