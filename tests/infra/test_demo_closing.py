@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from primekit import cli
-from primekit.demo import run_outputs
+from primekit.demo import run_outputs, weak_sft_note
 
 
 def test_closing_line_names_what_is_there(tmp_path):
@@ -40,3 +40,12 @@ def test_a_demo_without_tensorboard_does_not_claim_its_events(tmp_path, capsys):
             in out.splitlines())
     assert "no TensorBoard events" in out
     assert not (run / "prime" / "tensorboard").exists()
+    # Two SFT steps teach nothing: the demo says its SFT model is weak and what to do.
+    assert "note: the SFT model solves" in out and "another sft.seed or more sft.steps" in out
+
+
+def test_weak_sft_note():
+    assert weak_sft_note(0.5, 0) is None and weak_sft_note(0.902, 1) is None
+    note = weak_sft_note(0.294, 2)
+    assert note.startswith("note: the SFT model solves 29.4% of the held-out problems")
+    assert "sft.seed=2" in note
