@@ -67,6 +67,21 @@ def test_each_switch_runs_a_step_on_cuda(rl_config, name):
     two_steps_on("cuda", rl_config, SWITCHES[name])
 
 
+@pytest.mark.parametrize("budget", [4096, 0], ids=["packed", "padded-rows"])
+def test_sft_steps_on_cuda(tmp_path, budget):
+    # primekit sft scores its demonstrations with RL's micro-batches (packed since 2026-12-05):
+    # batches built on the CPU, scored on the model's device.
+    from primekit.config import load_config
+    from primekit.trainer.sft import run_sft
+
+    cfg = load_config(CONFIG, [f"sft.out_dir={tmp_path / 'sft'}", "sft.steps=3",
+                               "sft.batch_size=16", "data.num_train=200", "train.report_to=[]",
+                               "train.device=cuda", f"sft.max_tokens_per_micro_batch={budget}"])
+    result = run_sft(cfg)
+    assert math.isfinite(result["sft/final_loss"]) and result["sft/steps"] == 3
+    assert (tmp_path / "sft" / "config.json").is_file()
+
+
 @pytest.mark.parametrize("cpu_offload", [False, True], ids=["on-gpu", "cpu-offload"])
 def test_nccl_one_rank_sharded_bf16_update_and_metric_collectives(sft_model_dir, tmp_path,
                                                                    cpu_offload):
