@@ -177,7 +177,7 @@ def weak_sft_note(greedy: float, seed: int) -> str | None:
             f"seeds: 50-90%). SFT learns this task in a sudden jump whose timing depends on the "
             f"seed and on the CPU's float rounding, and with sft.seed={seed} it has not come "
             f"within sft.steps (docs/demo.md). PRIME runs from it all the same; for a stronger "
-            f"start, use another sft.seed or more sft.steps.")
+            f"start, use another sft.seed or more sft.steps (which helps some seeds only).")
 
 
 def peak_rss_gib() -> float:
