@@ -29,8 +29,9 @@ import torch
 from primekit.config import load_config, resolve_config
 from primekit.data.splits import encode_prompts, load_splits
 from primekit.models.optim import guarded_step
+from primekit.rollout.base import batch_from_texts
 from primekit.rollout.batching import iter_layout
-from primekit.trainer.sft import sft_backward, sft_batch, sft_layout
+from primekit.trainer.sft import sft_backward, sft_layout
 
 
 def main() -> int:
@@ -85,7 +86,8 @@ def main() -> int:
     last_loss = {}
     for step in range(n_batches):
         idx = range(step * rows, (step + 1) * rows)
-        batch = sft_batch(tokenizer, [prompt_ids[i] for i in idx], [train[i].solution for i in idx])
+        batch = batch_from_texts(tokenizer, [prompt_ids[i] for i in idx],
+                                 [train[i].solution for i in idx])
         counted = step >= args.warmup
         if counted:
             valid += int(batch.prompt_mask.sum() + batch.response_mask.sum())

@@ -22,28 +22,9 @@ from primekit.logging import MetricLogger, Progress
 from primekit.models.hf import load_model, load_tokenizer, save_model
 from primekit.models.logprobs import micro_batch_logprobs
 from primekit.models.optim import NonFiniteError, guarded_step, nonfinite_weights
-from primekit.rollout.base import RolloutBatch
+from primekit.rollout.base import RolloutBatch, batch_from_texts
 from primekit.rollout.batching import Layout, iter_layout
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
-
-
-def sft_batch(tokenizer, prompt_ids: list[list[int]], responses: list[str]) -> RolloutBatch:
-    """Demonstrations in the rollout layout: each prompt left-padded, its response (the
-    demonstration's tokens and EOS) right-padded, so the padded and packed micro-batches of
-    `primekit.rollout.batching` cut SFT's batches as they cut RL's. [N, P] and [N, T]."""
-    responses_ids = [tokenizer(text, add_special_tokens=False)["input_ids"]
-                     + [tokenizer.eos_token_id] for text in responses]
-    n, pad = len(prompt_ids), tokenizer.pad_token_id
-    P, T = max(map(len, prompt_ids)), max(map(len, responses_ids))
-    prompt_t = torch.full((n, P), pad, dtype=torch.long)  # [N, P]
-    prompt_mask = torch.zeros((n, P), dtype=torch.long)  # [N, P]
-    response_t = torch.full((n, T), pad, dtype=torch.long)  # [N, T]
-    response_mask = torch.zeros((n, T), dtype=torch.long)  # [N, T]
-    for i, (p_ids, r_ids) in enumerate(zip(prompt_ids, responses_ids)):
-        prompt_t[i, P - len(p_ids) :], prompt_mask[i, P - len(p_ids) :] = torch.tensor(p_ids), 1
-        response_t[i, : len(r_ids)], response_mask[i, : len(r_ids)] = torch.tensor(r_ids), 1
-    return RolloutBatch(prompt_t, prompt_mask, response_t, response_mask,
-                        torch.zeros((n, T)), torch.ones(n, dtype=torch.bool), list(responses))
 
 
 def response_token_loss(logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -142,8 +123,10 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
                 cursor = 0
             idx = order[cursor : cursor + s.batch_size]
             cursor += s.batch_size
-            batch = sft_batch(tokenizer, [prompt_ids[i] for i in idx],
-                              [_solution(train[i]) for i in idx])
+            # Demonstrations in the rollout layout (prompts left-padded, responses and EOS
+            # right-padded), so RL's micro-batches cut them.
+            batch = batch_from_texts(tokenizer, [prompt_ids[i] for i in idx],
+                                     [_solution(train[i]) for i in idx])
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
             optimizer.zero_grad(set_to_none=True)

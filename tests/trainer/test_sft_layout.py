@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from primekit.config import SFTConfig
+from primekit.rollout.base import batch_from_texts
 from primekit.rollout.batching import iter_layout
-from primekit.trainer.sft import response_token_loss, sft_backward, sft_batch, sft_layout
+from primekit.trainer.sft import response_token_loss, sft_backward, sft_layout
 
 
 class CharTokenizer:
@@ -45,7 +46,7 @@ def _reference_loss(model, tokenizer) -> torch.Tensor:
 
 def _layout_loss(model, tokenizer, max_tokens: int, packing: str) -> tuple[float, int]:
     """run_sft's forward and backward (`sft_backward`) in one layout: the loss, micro-batches."""
-    batch = sft_batch(tokenizer, PROMPTS, RESPONSES)
+    batch = batch_from_texts(tokenizer, PROMPTS, RESPONSES)
     layout = sft_layout(SFTConfig(batch_size=4, max_tokens_per_micro_batch=max_tokens,
                                   packing=packing))
     metrics = sft_backward(model, batch, layout)
@@ -53,8 +54,8 @@ def _layout_loss(model, tokenizer, max_tokens: int, packing: str) -> tuple[float
     return metrics["sft/loss"], len(list(iter_layout(batch, layout)))
 
 
-def test_sft_batch_rollout_layout():
-    batch = sft_batch(CharTokenizer(), [[5, 6], [7]], ["ab", "c"])
+def test_demonstrations_in_rollout_layout():
+    batch = batch_from_texts(CharTokenizer(), [[5, 6], [7]], ["ab", "c"])
     # Prompts left-padded, responses (the text's ids, then EOS 1) right-padded with 0.
     assert batch.prompt_ids.tolist() == [[5, 6], [0, 7]]
     assert batch.prompt_mask.tolist() == [[1, 1], [0, 1]]
