@@ -48,13 +48,14 @@ def response_token_loss(logprobs: torch.Tensor, response_mask: torch.Tensor,
 def sft_backward(model, batch: RolloutBatch, layout: Layout) -> dict:
     """Forward and backward of one SFT batch, micro-batch by micro-batch (gradients accumulate
     in the parameters' .grad): the batch's loss and response tokens."""
-    n_tokens, total = int(batch.response_mask.sum()), 0.0
+    n_tokens, total = int(batch.response_mask.sum()), None
     for mb in iter_layout(batch, layout):
         logprobs, _ = micro_batch_logprobs(model, mb)  # [n, t]
         loss, _ = response_token_loss(logprobs, mb.response_mask.to(logprobs.device), n_tokens)
         loss.backward()
-        total += loss.item()
-    return {"sft/loss": total, "sft/tokens": n_tokens}
+        # Summed on the model's device: one synchronisation per batch, not per micro-batch.
+        total = loss.detach() if total is None else total + loss.detach()
+    return {"sft/loss": total.item(), "sft/tokens": n_tokens}
 
 
 def sft_layout(section: SFTConfig) -> Layout:
