@@ -22,7 +22,8 @@ from primekit.logging import console, print_table
 
 # What a demo writes in its run directory (the SFT's logs and initial model sit beside its
 # output), and the hidden files of locks and atomic writes that start with "." and these names.
-OUTPUTS = ("sft", "sft-logs", "tiny-init", "prime", "summary.json")
+# "tiny-init" is where demos before 2026-12-05 wrote the initial model ("sft-tiny-init" since).
+OUTPUTS = ("sft", "sft-logs", "sft-tiny-init", "tiny-init", "prime", "summary.json")
 
 
 def demo_overrides(run_dir: Path, overrides: list[str] | None = None) -> list[str]:

@@ -87,7 +87,9 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     if init == "tiny":
         from primekit.models.tiny import build_tiny_model
 
-        init = str(build_tiny_model(out_dir.parent / "tiny-init", seed=s.seed))
+        # Beside out_dir and named after it, as its logs: two runs writing into one parent
+        # never share (and race to replace) one initial model.
+        init = str(build_tiny_model(out_dir.parent / f"{out_dir.name}-tiny-init", seed=s.seed))
     trust = cfg.model.trust_remote_code
     tokenizer = load_tokenizer(init, trust_remote_code=trust)
     model = load_model(init, dtype=model_dtype(cfg.model.dtype), device=str(device),

@@ -206,7 +206,7 @@ def test_demo_refuses_a_run_dir_with_other_files_and_replaces_an_earlier_demo(
                     f"does not write (notes.txt); give a new or empty --run-dir")
     assert (run / "prime" / "checkpoints").is_dir()  # nothing removed
     (run / "notes.txt").unlink()
-    for name in ("sft", "sft-logs", "tiny-init", ".sft.old-1-abc"):
+    for name in ("sft", "sft-logs", "sft-tiny-init", "tiny-init", ".sft.old-1-abc"):
         (run / name).mkdir()
     (run / "summary.json").write_text("{}")
     from primekit.demo import claim_run_dir
@@ -337,7 +337,7 @@ def test_a_demo_runs_to_its_summary_and_a_second_demo_replaces_it(tmp_path, caps
     assert cli.main(_demo(run)) == 0
     first = (run / "summary.json").read_text()
     assert sorted(p.name for p in run.iterdir()) == [
-        ".lock", ".sft.lock", "prime", "sft", "sft-logs", "summary.json", "tiny-init"]
+        ".lock", ".sft.lock", "prime", "sft", "sft-logs", "sft-tiny-init", "summary.json"]
     assert cli.main(_demo(run)) == 0  # the same directory again: replaced, not mixed
     assert f"demo: replacing the earlier demo in {run}" in capsys.readouterr().out
     metrics = (run / "prime" / "metrics.jsonl").read_text().splitlines()

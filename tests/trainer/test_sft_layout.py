@@ -95,3 +95,26 @@ def test_sft_layouts_match_full_logits_loss(tiny_model_dir, max_tokens, packing,
     assert loss == pytest.approx(ref.item(), abs=1e-6)
     for g, r in zip((p.grad for p in model.parameters()), ref_grads):
         assert torch.allclose(g, r, atol=1e-6, rtol=0)
+
+
+def test_runs_into_one_parent_build_their_own_initial_models(tmp_path):
+    """Each `primekit sft` from the tiny model builds its random init beside its own out_dir
+    (`<name>-tiny-init`, as `<name>-logs`): two runs writing into one directory, with different
+    seeds, never replace (or load) each other's initial model."""
+    from safetensors.torch import load_file
+
+    from primekit.config import CONFIG_DIR, load_config
+    from primekit.trainer.sft import run_sft
+
+    for name, seed in (("a", 0), ("b", 1)):
+        run_sft(load_config(CONFIG_DIR / "tiny.yaml", [
+            f"sft.out_dir={tmp_path / name}", f"sft.seed={seed}", "sft.steps=0",
+            "data.num_train=64", "train.report_to=[]"]))
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert names == ["a", "a-logs", "a-tiny-init", "b", "b-logs", "b-tiny-init"]
+    init_a = load_file(tmp_path / "a-tiny-init" / "model.safetensors")
+    init_b = load_file(tmp_path / "b-tiny-init" / "model.safetensors")
+    key = "model.embed_tokens.weight"
+    assert not torch.equal(init_a[key], init_b[key])  # seeds 0 and 1
+    # sft.steps=0 saves the initial model as it was built.
+    assert torch.equal(load_file(tmp_path / "a" / "model.safetensors")[key], init_a[key])
