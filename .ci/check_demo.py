@@ -9,9 +9,8 @@ against the SFT evaluation of the demo in SFT_RUN_DIR it started from.
 Each check sits well below the measured band, so float rounding on another CPU does not fail it,
 and well above what a real regression gives:
 - an SFT phase that does not learn the task stays near 0 accuracy (floors 0.30 greedy, 0.20
-  avg@4; the SFT models of seeds 0 and 1, which .ci/run uses, measured 0.57-0.90 greedy over
-  threads, layouts and CPUs; other seeds can come out lower in any layout, 0.20 for seed 3,
-  docs/demo.md);
+  avg@4; the tiny config's SFT settings of 2026-12-05 measured 0.60-0.82 greedy over tuning
+  seeds 100-107 and 0.69-0.81 over seeds 0-3, docs/demo.md);
 - a sign error in the policy update, or no update, leaves sampled accuracy (avg@4) flat or lower;
 - a PRM that is never updated keeps its rewards at 0, so every pair is a tie (pairwise accuracy
   exactly 0.5) and its loss exactly ln 2 = 0.6931; one updated the wrong way orders pairs worse
@@ -27,7 +26,11 @@ import sys
 from pathlib import Path
 
 MIN_AVG_GAIN = 0.05  # avg@4 (sampled accuracy) gain, SFT -> PRIME
-MIN_GREEDY_GAIN = 0.0  # greedy pass@1 must not fall
+# Greedy pass@1 may not fall by more than 3 points. Over seeds 0-3 of the 2026-12-05 settings the
+# greedy gain was +0.0 to +6.4 points (mean +4.1, sd 2.9; the avg@4 gain +11.8 to +18.6), so a
+# floor of 0 would fail a healthy run on another CPU's rounding about one time in thirteen (a normal fit); a
+# policy update with a flipped sign loses far more, and avg@4 catches it first.
+MIN_GREEDY_GAIN = -0.03
 # Mean PRM loss over the second half of the run. It does not tell a learning PRM from a stuck one:
 # a PRM whose rewards carry noise as well as signal can sit above ln 2 = 0.693147 while it orders
 # pairs better than chance. Healthy 160-step runs of the demo's config on arithmetic measured
@@ -40,7 +43,7 @@ MIN_GREEDY_GAIN = 0.0  # greedy pass@1 must not fall
 MAX_PRM_LOSS = 0.700
 MIN_PRM_PAIRWISE = 0.52  # mean PRM pairwise accuracy over the second half (no update: 0.5)
 # The SFT phase learns the task: the floors of tests/data/test_arithmetic_learnable.py, which
-# .ci/run leaves to this check (seeds 0 and 1 measured 0.57-0.90 greedy; see the docstring).
+# .ci/run leaves to this check (see the docstring for what the demo's seeds measured).
 MIN_SFT_GREEDY, MIN_SFT_AVG = 0.30, 0.20
 
 
