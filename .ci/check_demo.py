@@ -28,8 +28,8 @@ from pathlib import Path
 MIN_AVG_GAIN = 0.05  # avg@4 (sampled accuracy) gain, SFT -> PRIME
 # Greedy pass@1 may not fall by more than 3 points. Over seeds 0-3 of the 2026-12-05 settings the
 # greedy gain was +0.0 to +6.4 points (mean +4.1, sd 2.9; the avg@4 gain +11.8 to +18.6), so a
-# floor of 0 would fail a healthy run on another CPU's rounding about one time in thirteen (a normal fit); a
-# policy update with a flipped sign loses far more, and avg@4 catches it first.
+# floor of 0 would fail a healthy run on another CPU's rounding about one time in thirteen (a
+# normal fit); a policy update with a flipped sign loses far more, and avg@4 catches it first.
 MIN_GREEDY_GAIN = -0.03
 # Mean PRM loss over the second half of the run. It does not tell a learning PRM from a stuck one:
 # a PRM whose rewards carry noise as well as signal can sit above ln 2 = 0.693147 while it orders
