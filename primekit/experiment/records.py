@@ -44,13 +44,14 @@ FORMAT = 1
 # same losses and gradients up to float rounding (tests/models/test_packing.py), as with the
 # number of threads, and RL trains the same in either (docs/experiments/packed-layout.md); so a
 # record stays the same run whichever layout a config chooses (the tiny configs pack since
-# 2026-12-04, after most records were made; their SFT since 2026-12-05, a phase an RL run's
-# record does not include).
+# 2026-12-04, after most records were made).
+# The whole `sft` section too: an RL run never reads it (its SFT model is an input file, and the
+# record's fingerprint of that file is what ties the run to it), so the tiny configs' SFT
+# settings (new on 2026-12-05) leave the records made from the former SFT models in force.
 NOT_THE_RUN = ("train.run_dir", "train.threads", "train.report_to", "train.save_every",
                "train.keep_checkpoints", "verifier.math_workers", "verifier.code_workers",
                "policy.max_tokens_per_micro_batch", "policy.packing",
-               "prm.max_tokens_per_micro_batch", "prm.packing",
-               "sft.max_tokens_per_micro_batch", "sft.packing")
+               "prm.max_tokens_per_micro_batch", "prm.packing", "sft.")
 # Those of them that change the arithmetic (float rounding, which RL amplifies), not only the
 # bookkeeping: a spec whose arms set one of them asks whether it matters (`Spec.strict`).
 ROUNDING = ("train.threads", "policy.max_tokens_per_micro_batch", "policy.packing",

@@ -286,6 +286,12 @@ def test_same_run_across_primekit_versions():
     assert not same_run(json.loads(json.dumps(padded.to_dict())), cfg, strict)
     assert same_run(saved, moved, strict)
     assert not same_run(saved, load_config(tiny, ["train.steps=100", "train.seed=2"]))
+    # The SFT settings are not the RL run's (it starts from a fingerprinted SFT model): a record
+    # made when tiny.yaml trained its SFT models for 1000 steps at 3e-3 is today's run.
+    former_sft = load_config(tiny, ["train.steps=100", "train.seed=1", "sft.steps=1000",
+                                    "sft.lr=3e-3", "sft.seed=5"])
+    assert cfg.sft.steps == 600 and cfg.sft.lr == 1e-3
+    assert same_run(json.loads(json.dumps(former_sft.to_dict())), cfg)
     older = copy.deepcopy(saved)
     del older["algorithm"]["credit"]  # a run from before algorithm.credit existed
     assert cfg.algorithm.credit == "sum"  # the default: what that run did
