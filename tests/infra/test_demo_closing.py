@@ -41,7 +41,7 @@ def test_a_demo_without_tensorboard_does_not_claim_its_events(tmp_path, capsys):
     assert "no TensorBoard events" in out
     assert not (run / "prime" / "tensorboard").exists()
     # Two SFT steps teach nothing: the demo says its SFT model is weak and what to do.
-    assert "note: the SFT model solves" in out and "use another sft.seed or more sft.steps" in out
+    assert "note: the SFT model solves" in out and "use more sft.steps, another sft.seed" in out
 
 
 def test_weak_sft_note():
