@@ -147,7 +147,7 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
 
 
 # Packaged specs that choose settings rather than test a claim of the papers.
-TUNING_SPECS = ("prm-settings",)
+TUNING_SPECS = ("prm-settings", "prm-init-tuning")
 
 
 def test_list_shows_every_packaged_spec_and_each_validates(capsys):
