@@ -8,6 +8,11 @@ from pathlib import Path
 from primekit.logging import console
 
 
+def _count(k: int, noun: str) -> str:
+    """'1 task', '2 tasks'."""
+    return f"{k} {noun}" if k == 1 else f"{k} {noun}s"
+
+
 def add_subcommand(sub) -> None:
     p = sub.add_parser("experiment", help="a named comparison (arms x seeds x task families) of "
                        "primekit train runs, resumable, with report.md, plots and a verdict")
@@ -54,8 +59,9 @@ def list_specs(records: Path | None = None) -> list[str]:
         if records is not None:
             held = sum(spec_record(s, r.config(s), None, records) is not None for r in s.runs(out))
             done += f"; {held} in {records}"
-        lines.append(f"{name}: {s.claim}{paper} ({len(s.arms)} arms x {len(s.seeds)} seeds x "
-                     f"{len(s.tasks)} tasks = {n} runs{done})")
+        counts = " x ".join(_count(k, noun) for k, noun in
+                            ((len(s.arms), "arm"), (len(s.seeds), "seed"), (len(s.tasks), "task")))
+        lines.append(f"{name}: {s.claim}{paper} ({counts} = {_count(n, 'run')}{done})")
     return lines
 
 

@@ -155,6 +155,9 @@ def test_list_shows_every_packaged_spec_and_each_validates(capsys):
     assert main(["experiment", "--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split(":", 1)[0] for line in lines] == names
+    # Counts in words, singular where one: prm-init-tuning is 2 arms x 3 seeds on one family.
+    (tuning,) = [line for line in lines if line.startswith("prm-init-tuning:")]
+    assert tuning.endswith("(2 arms x 3 seeds x 1 task = 6 runs)"), tuning
     for name in names:
         spec = load_spec(name)  # every run's config builds
         assert len(spec.seeds) >= 3, name
