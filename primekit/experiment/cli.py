@@ -8,11 +8,6 @@ from pathlib import Path
 from primekit.logging import console
 
 
-def _count(k: int, noun: str) -> str:
-    """'1 task', '2 tasks'."""
-    return f"{k} {noun}" if k == 1 else f"{k} {noun}s"
-
-
 def add_subcommand(sub) -> None:
     p = sub.add_parser("experiment", help="a named comparison (arms x seeds x task families) of "
                        "primekit train runs, resumable, with report.md, plots and a verdict")
@@ -47,7 +42,7 @@ def list_specs(records: Path | None = None) -> list[str]:
     with `records`, how many a run-record directory holds (by config and steps; whether their
     input files match is checked when they are restored)."""
     from primekit.experiment.runner import default_out_dir, progress, spec_record
-    from primekit.experiment.spec import load_spec, packaged_specs
+    from primekit.experiment.spec import counted, load_spec, packaged_specs
 
     lines = []
     for name in packaged_specs():
@@ -59,9 +54,9 @@ def list_specs(records: Path | None = None) -> list[str]:
         if records is not None:
             held = sum(spec_record(s, r.config(s), None, records) is not None for r in s.runs(out))
             done += f"; {held} in {records}"
-        counts = " x ".join(_count(k, noun) for k, noun in
+        counts = " x ".join(counted(k, noun) for k, noun in
                             ((len(s.arms), "arm"), (len(s.seeds), "seed"), (len(s.tasks), "task")))
-        lines.append(f"{name}: {s.claim}{paper} ({counts} = {_count(n, 'run')}{done})")
+        lines.append(f"{name}: {s.claim}{paper} ({counts} = {counted(n, 'run')}{done})")
     return lines
 
 

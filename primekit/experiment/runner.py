@@ -74,7 +74,7 @@ from primekit.experiment.records import (
     same_run,
     write_record,
 )
-from primekit.experiment.spec import Run, Spec, SpecError, sft_dir
+from primekit.experiment.spec import Run, Spec, SpecError, counted, sft_dir
 from primekit.logging import console
 
 FINISHED, RESUME, RESTART, FRESH = "finished", "resume", "restart", "fresh"
@@ -385,8 +385,9 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         result = {r.run_id: FINISHED for r in runs if states[r.run_id] == FINISHED}
         display = Display(len(runs), len(result), parallel,
                           live=console.is_terminal and in_process is None)
-        display.event(f"experiment {spec.name}: {len(runs)} runs ({len(spec.tasks)} task "
-                      f"families x {len(spec.arms)} arms x {len(spec.seeds)} seeds), "
+        shape = " x ".join((counted(len(spec.tasks), "task family", "task families"),
+                            counted(len(spec.arms), "arm"), counted(len(spec.seeds), "seed")))
+        display.event(f"experiment {spec.name}: {counted(len(runs), 'run')} ({shape}), "
                       f"{len(result)} already finished, in {out_dir}")
         try:
             _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on_launch,

@@ -72,6 +72,11 @@ class SpecError(ConfigError):
     """A spec that cannot run; one line naming the spec file and the key."""
 
 
+def counted(k: int, noun: str, plural: str | None = None) -> str:
+    """'1 task', '2 tasks'; `plural` where adding an s will not do ('task families')."""
+    return f"{k} {noun}" if k == 1 else f"{k} {plural or noun + 's'}"
+
+
 @dataclass
 class Verdict:
     """How a claim is decided, per (treatment, baseline) pair and task family.
