@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="*", default=None, help="names (default: all, e.g. policy prm)")
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
+    p.add_argument("--prm-init", choices=("separate", "policy"), default="separate",
+                   help="where the implicit PRM and its reference start: 'separate' (default), an "
+                   "SFT model of seed sft.seed+1 the demo also trains; 'policy', the policy's SFT "
+                   "model as PRIME prescribes (at this size it co-adapts with the policy: "
+                   "docs/experiments/prm-init-tuning.md)")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of configs/tiny.yaml")
     p = sub.add_parser("data", help="dataset files: `primekit data check FILE`")
     data = p.add_subparsers(dest="data_command", required=True)
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from primekit.demo import run_demo
 
-            run_demo(Path(args.run_dir), args.overrides)
+            run_demo(Path(args.run_dir), args.overrides, args.prm_init)
             return 0
         cfg = load_config(resolve_config(args.config), args.overrides)
         if args.command in ("train", "eval"):

@@ -1,7 +1,10 @@
 """`primekit demo`: the embedded default end to end on a CPU.
 
-Build the tiny model, SFT it on the arithmetic demonstrations, evaluate it, run PRIME from it,
-evaluate again, and print a summary table. Nothing is downloaded.
+Build the tiny model, SFT it on the arithmetic demonstrations, SFT a second one (another seed)
+for the implicit PRM and its reference to start from, evaluate the policy's SFT model, run PRIME
+from it, evaluate again, and print a summary table. Nothing is downloaded. `--prm-init policy`
+starts the PRM from the policy's own SFT model instead, as PRIME prescribes (PRM_INITS says why
+that is not the default here).
 
 The demo owns its `--run-dir` (a lock, `run_dir/.lock`, refuses a second demo there) and
 replaces the outputs of an earlier demo in it; a directory that holds anything else is refused.
@@ -11,6 +14,7 @@ gracefully in it (a checkpoint, and the `primekit train ... --resume` line that 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -20,18 +24,52 @@ from pathlib import Path
 from primekit.config import CONFIG_DIR, ConfigError, load_config
 from primekit.logging import console, print_table
 
-# What a demo writes in its run directory (the SFT's logs and initial model sit beside its
+# What a demo writes in its run directory (each SFT's logs and initial model sit beside its
 # output), and the hidden files of locks and atomic writes that start with "." and these names.
 # "tiny-init" is where demos before 2026-12-05 wrote the initial model ("sft-tiny-init" since).
-OUTPUTS = ("sft", "sft-logs", "sft-tiny-init", "tiny-init", "prime", "summary.json")
+OUTPUTS = ("sft", "sft-logs", "sft-tiny-init", "sft-prm", "sft-prm-logs", "sft-prm-tiny-init",
+           "tiny-init", "prime", "summary.json")
+
+# Where the implicit PRM and its reference start (`primekit demo --prm-init`).
+#   "separate" (the default): an SFT model of seed sft.seed + 1, trained by the demo beside the
+#     policy's. Chosen by the PRM's own accuracy on tuning seeds no claim uses (the
+#     prm-init-tuning spec, 160 steps from SFT models of the tiny config's settings; seeds
+#     100-102): mean pairwise accuracy over the last 40 steps 0.855 [0.828, 0.881], against
+#     0.684 [0.653, 0.716] from the policy's own SFT model, and greedy accuracy not told apart
+#     (-0.020 [-0.053, +0.013]); docs/experiments/prm-init-tuning.md.
+#   "policy": the policy's SFT model, as PRIME prescribes. At this size that PRM co-adapts with
+#     the policy it shares its start with (docs/experiments/prm-settings.md).
+PRM_INITS = ("separate", "policy")
 
 
-def demo_overrides(run_dir: Path, overrides: list[str] | None = None) -> list[str]:
+def demo_overrides(run_dir: Path, overrides: list[str] | None = None,
+                   prm_init: str = "separate") -> list[str]:
     """The demo's settings on top of configs/tiny.yaml: its paths under run_dir, then the
-    user's overrides."""
+    user's overrides (a user's model.prm or model.ref wins over --prm-init's)."""
+    if prm_init not in PRM_INITS:
+        raise ConfigError(f"demo --prm-init: expected one of {', '.join(PRM_INITS)}, "
+                          f"got {prm_init!r}")
     sft_dir, rl_dir = run_dir / "sft", run_dir / "prime"
-    return [f"sft.out_dir={sft_dir}", f"model.policy={sft_dir}", f"train.run_dir={rl_dir}",
-            *(overrides or [])]
+    own = [f"sft.out_dir={sft_dir}", f"model.policy={sft_dir}", f"train.run_dir={rl_dir}"]
+    if prm_init == "separate":
+        own += [f"model.prm={prm_sft_dir(run_dir)}", f"model.ref={prm_sft_dir(run_dir)}"]
+    return [*own, *(overrides or [])]
+
+
+def prm_sft_dir(run_dir: Path) -> Path:
+    """The SFT model the demo trains for the PRM (--prm-init separate)."""
+    return run_dir / "sft-prm"
+
+
+def prm_sft_config(cfg, run_dir: Path):
+    """The `primekit sft` config of the PRM's SFT model: the policy's, with seed sft.seed + 1
+    and its own output; None when the PRM does not start from it (--prm-init policy, or a
+    model.prm or model.ref of the user's)."""
+    out = str(prm_sft_dir(run_dir))
+    if cfg.model.prm != out or cfg.model.ref != out:
+        return None
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=cfg.sft.seed + 1,
+                                                            out_dir=out))
 
 
 def _own(name: str) -> bool:
@@ -79,24 +117,27 @@ def run_outputs(rl_dir: Path) -> str:
     return line
 
 
-def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict:
+def run_demo(run_dir: Path, overrides: list[str] | None = None,
+             prm_init: str = "separate") -> dict:
     """The demo, owning run_dir (see the module docstring); returns the summary."""
     from primekit.trainer import rundir, signals
 
-    argv = demo_overrides(run_dir, overrides)
+    argv = demo_overrides(run_dir, overrides, prm_init)
     cfg = load_config(CONFIG_DIR / "tiny.yaml", argv)  # a bad override fails before anything
     from primekit.validate import check_output_inputs
 
     check_output_inputs("sft", cfg)  # its data files and models before an earlier demo is emptied
     with rundir.lock(run_dir, "demo --run-dir"), signals.stop_at_once():
         claim_run_dir(run_dir)
-        return _run(run_dir, cfg, argv, overrides)
+        return _run(run_dir, cfg, argv, overrides, prm_init)
 
 
-def _run(run_dir: Path, cfg, argv: list[str], overrides: list[str] | None) -> dict:
+def _run(run_dir: Path, cfg, argv: list[str], overrides: list[str] | None,
+         prm_init: str) -> dict:
     from primekit.trainer import signals
 
-    again = shlex.join(["primekit", "demo", "--run-dir", str(run_dir), *(overrides or [])])
+    flag = [] if prm_init == "separate" else ["--prm-init", prm_init]
+    again = shlex.join(["primekit", "demo", "--run-dir", str(run_dir), *flag, *(overrides or [])])
     phase = ["during the SFT phase (nothing to resume)"]  # set as the demo goes on
     try:
         return _phases(run_dir, cfg, phase)
@@ -120,16 +161,24 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
 
     start = time.perf_counter()
     sft_dir, rl_dir = run_dir / "sft", run_dir / "prime"
-    console.rule("[bold]1/3  SFT of the tiny model")
+    prm_cfg = prm_sft_config(cfg, run_dir)
+    n = 3 if prm_cfg is None else 4
+    console.rule(f"[bold]1/{n}  SFT of the tiny model (the policy)")
     with rundir.owned_output(sft_dir, "sft.out_dir"):
         sft = run_sft(cfg)
+    prm_sft = None
+    if prm_cfg is not None:
+        console.rule(f"[bold]2/{n}  SFT of the PRM's initial model (sft.seed={prm_cfg.sft.seed}; "
+                     f"--prm-init policy starts it from the policy's)")
+        with rundir.owned_output(Path(prm_cfg.sft.out_dir), "sft.out_dir"):
+            prm_sft = run_sft(prm_cfg)
     phase[0] = f"while evaluating the SFT model (the SFT model is in {sft_dir})"
-    console.rule("[bold]2/3  Evaluate the SFT model")
+    console.rule(f"[bold]{n - 1}/{n}  Evaluate the SFT model")
     sft_eval = evaluate_checkpoint(cfg, str(sft_dir))
     note = weak_sft_note(sft_eval["eval/pass@1_greedy"], cfg.sft.seed)
     if note:
         console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)
-    console.rule(f"[bold]3/3  PRIME: {cfg.train.steps} RL steps")
+    console.rule(f"[bold]{n}/{n}  PRIME: {cfg.train.steps} RL steps")
     t_rl = time.perf_counter()
     # The RL phase is `primekit train` on the demo's config: its own lock on prime/, and a
     # graceful stop that saves a checkpoint and says how to continue.
@@ -152,14 +201,22 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
         {"model": "PRIME", "pass@1 (greedy)": rl_eval["eval/pass@1_greedy"], **sampled(rl_eval),
          "steps": cfg.train.steps, "wall (s)": rl_wall},
     ]
+    if prm_sft is not None:  # not evaluated: the PRM is trained on, not sampled from
+        rows.insert(1, {"model": f"SFT, the PRM's start (seed {prm_cfg.sft.seed})",
+                        "steps": prm_cfg.sft.steps, "wall (s)": prm_sft["sft/wall_s"]})
     print_table(f"primekit demo: {len(trainer.eval_problems)} held-out problems", rows)
     gain = rl_eval["eval/pass@1_greedy"] - sft_eval["eval/pass@1_greedy"]
     console.print(f"greedy pass@1 change: {100 * gain:+.1f} points; total wall time {wall:.0f} s")
     console.print(f"peak memory (RSS) of this process: {peak_rss_gib():.2f} GiB")
-    console.print(f"SFT model: {sft_dir}\n{run_outputs(rl_dir)}", markup=False,
+    prm_line = (f"\nthe PRM's initial SFT model: {prm_cfg.sft.out_dir}" if prm_cfg is not None
+                else "")
+    console.print(f"SFT model: {sft_dir}{prm_line}\n{run_outputs(rl_dir)}", markup=False,
                   highlight=False, soft_wrap=True)
     summary = {"sft": sft_eval, "prime": rl_eval, "wall_s": wall, "rl_wall_s": rl_wall,
-               "sft_wall_s": sft["sft/wall_s"], "rl_steps": cfg.train.steps}
+               "sft_wall_s": sft["sft/wall_s"], "rl_steps": cfg.train.steps,
+               "prm_from": cfg.model.prm or cfg.model.policy}
+    if prm_sft is not None:
+        summary["prm_sft_wall_s"] = prm_sft["sft/wall_s"]
     summary["peak_rss_gib"] = peak_rss_gib()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

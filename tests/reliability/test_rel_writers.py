@@ -337,7 +337,8 @@ def test_a_demo_runs_to_its_summary_and_a_second_demo_replaces_it(tmp_path, caps
     assert cli.main(_demo(run)) == 0
     first = (run / "summary.json").read_text()
     assert sorted(p.name for p in run.iterdir()) == [
-        ".lock", ".sft.lock", "prime", "sft", "sft-logs", "sft-tiny-init", "summary.json"]
+        ".lock", ".sft-prm.lock", ".sft.lock", "prime", "sft", "sft-logs", "sft-prm",
+        "sft-prm-logs", "sft-prm-tiny-init", "sft-tiny-init", "summary.json"]
     assert cli.main(_demo(run)) == 0  # the same directory again: replaced, not mixed
     assert f"demo: replacing the earlier demo in {run}" in capsys.readouterr().out
     metrics = (run / "prime" / "metrics.jsonl").read_text().splitlines()
