@@ -168,8 +168,7 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
         sft = run_sft(cfg)
     prm_sft = None
     if prm_cfg is not None:
-        console.rule(f"[bold]2/{n}  SFT of the PRM's initial model (sft.seed={prm_cfg.sft.seed}; "
-                     f"--prm-init policy starts it from the policy's)")
+        console.rule(f"[bold]2/{n}  SFT of the PRM's initial model (seed {prm_cfg.sft.seed})")
         with rundir.owned_output(Path(prm_cfg.sft.out_dir), "sft.out_dir"):
             prm_sft = run_sft(prm_cfg)
     phase[0] = f"while evaluating the SFT model (the SFT model is in {sft_dir})"
