@@ -41,7 +41,11 @@ MIN_GREEDY_GAIN = -0.03
 # never updated (all rewards 0: every pair a tie, pairwise exactly 0.5) or updated the wrong way
 # (pairwise below 0.5) is caught by MIN_PRM_PAIRWISE.
 MAX_PRM_LOSS = 0.700
-MIN_PRM_PAIRWISE = 0.52  # mean PRM pairwise accuracy over the second half (no update: 0.5)
+# Mean PRM pairwise accuracy over the second half (no update: exactly 0.5). Seeds 0-3 of the
+# demo measured 0.727-0.839 with its PRM from a second SFT model (--prm-init separate, the
+# default since 2026-12-05) and 0.645-0.724 from the policy's SFT model (--prm-init policy); the
+# floor is low enough for both, and for the 0.573 of a healthy former-settings run.
+MIN_PRM_PAIRWISE = 0.52
 # The SFT phase learns the task: the floors of tests/data/test_arithmetic_learnable.py, which
 # .ci/run leaves to this check (see the docstring for what the demo's seeds measured).
 MIN_SFT_GREEDY, MIN_SFT_AVG = 0.30, 0.20

@@ -201,11 +201,15 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
          "steps": cfg.train.steps, "wall (s)": rl_wall},
     ]
     if prm_sft is not None:  # not evaluated: the PRM is trained on, not sampled from
-        rows.insert(1, {"model": f"SFT, the PRM's start (seed {prm_cfg.sft.seed})",
+        rows.insert(1, {"model": f"PRM's SFT (seed {prm_cfg.sft.seed})",
                         "steps": prm_cfg.sft.steps, "wall (s)": prm_sft["sft/wall_s"]})
     print_table(f"primekit demo: {len(trainer.eval_problems)} held-out problems", rows)
     gain = rl_eval["eval/pass@1_greedy"] - sft_eval["eval/pass@1_greedy"]
     console.print(f"greedy pass@1 change: {100 * gain:+.1f} points; total wall time {wall:.0f} s")
+    pairwise, span = second_half_pairwise(history[:-1])
+    if pairwise is not None:
+        console.print(f"the PRM ordered {pairwise:.3f} of its pairs right over steps {span} "
+                      f"(right over wrong, each batch before its update; 0.5 = chance)")
     console.print(f"peak memory (RSS) of this process: {peak_rss_gib():.2f} GiB")
     prm_line = (f"\nthe PRM's initial SFT model: {prm_cfg.sft.out_dir}" if prm_cfg is not None
                 else "")
@@ -216,9 +220,22 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
                "prm_from": cfg.model.prm or cfg.model.policy}
     if prm_sft is not None:
         summary["prm_sft_wall_s"] = prm_sft["sft/wall_s"]
+    if pairwise is not None:
+        summary["prm_pairwise_second_half"] = pairwise
     summary["peak_rss_gib"] = peak_rss_gib()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def second_half_pairwise(steps: list[dict]) -> tuple[float | None, str]:
+    """The PRM's mean pairwise accuracy over the second half of the RL steps' metrics (steps
+    without a pair, where every group's outcomes were equal, left out), and the steps it spans
+    ("81-160"); None when no step had one (no PRM, or no pairs)."""
+    late = steps[len(steps) // 2:]
+    values = [m["prm/acc_pairwise"] for m in late if "prm/acc_pairwise" in m]
+    if not values:
+        return None, ""
+    return sum(values) / len(values), f"{len(steps) - len(late) + 1}-{len(steps)}"
 
 
 # Below this greedy accuracy a demo's SFT model has not learnt the task (the tiny config's SFT,

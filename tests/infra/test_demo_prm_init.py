@@ -63,3 +63,16 @@ def test_the_demos_prm_starts_where_prm_init_says(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["prm_from"] == str(run / "sft") and "prm_sft_wall_s" not in summary
     assert not (run / "sft-prm").exists()  # the earlier demo's was replaced, none made
+
+
+def test_second_half_pairwise():
+    from primekit.demo import second_half_pairwise
+
+    # Four steps: the second half is steps 3-4; step 3 had no pair (every group's outcomes equal).
+    steps = [{"prm/acc_pairwise": 0.1}, {"prm/acc_pairwise": 0.2}, {}, {"prm/acc_pairwise": 0.7}]
+    assert second_half_pairwise(steps) == (0.7, "3-4")
+    # Five steps: the later half is steps 3-5 (the middle step counts), (0.5 + 0.6 + 0.9) / 3.
+    steps = [{}, {}, *({"prm/acc_pairwise": v} for v in (0.5, 0.6, 0.9))]
+    value, span = second_half_pairwise(steps)
+    assert abs(value - 2.0 / 3) < 1e-12 and span == "3-5"
+    assert second_half_pairwise([{"reward/outcome_mean_sampled": 0.5}] * 4) == (None, "")
