@@ -63,10 +63,10 @@ def prm_sft_dir(run_dir: Path) -> Path:
 
 def prm_sft_config(cfg, run_dir: Path):
     """The `primekit sft` config of the PRM's SFT model: the policy's, with seed sft.seed + 1
-    and its own output; None when the PRM does not start from it (--prm-init policy, or a
-    model.prm or model.ref of the user's)."""
+    and its own output; None when neither the PRM nor the reference starts from it
+    (--prm-init policy, or a model.prm and model.ref of the user's)."""
     out = str(prm_sft_dir(run_dir))
-    if cfg.model.prm != out or cfg.model.ref != out:
+    if out not in (cfg.model.prm, cfg.model.ref):
         return None
     return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=cfg.sft.seed + 1,
                                                             out_dir=out))

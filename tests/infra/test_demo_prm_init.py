@@ -42,6 +42,9 @@ def test_policy_prm_and_a_users_prm_train_no_second_sft_model():
     users = _cfg(run, ["model.prm=elsewhere/prm", "model.ref=elsewhere/prm"], "separate")
     assert users.model.prm == "elsewhere/prm"  # the user's override wins
     assert prm_sft_config(users, run) is None
+    # The user's PRM, the demo's reference: the reference's SFT model is still made.
+    half = _cfg(run, ["model.prm=elsewhere/prm"], "separate")
+    assert half.model.ref == "runs/d/sft-prm" and prm_sft_config(half, run).sft.seed == 1
     with pytest.raises(ConfigError, match="demo --prm-init: expected one of separate, policy"):
         demo_overrides(run, [], "shared")
 
