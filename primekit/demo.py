@@ -208,8 +208,7 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
     console.print(f"greedy pass@1 change: {100 * gain:+.1f} points; total wall time {wall:.0f} s")
     pairwise, span = second_half_pairwise(history[:-1])
     if pairwise is not None:
-        console.print(f"the PRM ordered {pairwise:.3f} of its pairs right over steps {span} "
-                      f"(right over wrong, each batch before its update; 0.5 = chance)")
+        console.print(f"PRM pairwise accuracy over steps {span}: {pairwise:.3f} (0.5 = chance)")
     console.print(f"peak memory (RSS) of this process: {peak_rss_gib():.2f} GiB")
     prm_line = (f"\nthe PRM's initial SFT model: {prm_cfg.sft.out_dir}" if prm_cfg is not None
                 else "")
