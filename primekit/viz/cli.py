@@ -31,7 +31,9 @@ def _models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prm", required=True, help="implicit PRM, a Hugging Face model directory "
                    "(a finished run's RUN/final/prm, or RUN/export/step_N/prm from `primekit "
                    "export RUN`)")
-    p.add_argument("--ref", default=None, help="reference model (default: --model)")
+    p.add_argument("--ref", default=None, help="reference model (default: the one --prm was "
+                   "trained against where --prm is a run's final/prm or export/step_N/prm, "
+                   "from its checkpoint's config; else --model)")
     p.add_argument("--problems", type=int, default=None, help="held-out problems "
                    "(default viz.num_problems)")
 

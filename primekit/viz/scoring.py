@@ -8,11 +8,13 @@ micro-batches, then `implicit_token_rewards` (primekit.algorithms.implicit_prm),
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from primekit.config import Config
+from primekit.config import Config, ConfigError
 
 
 @dataclass
@@ -50,10 +52,45 @@ def token_rewards_for(prm, ref, batch, beta: float, micro_batch_size: int) -> to
     return implicit_token_rewards(prm_lp, ref_lp, batch.response_mask.float(), beta)
 
 
+def trained_reference(prm: str) -> str | None:
+    """The reference the implicit PRM in `prm` was trained against, when `prm` is one a run
+    wrote: RUN/final/prm (the run's newest checkpoint) or RUN/export/step_N/prm (`primekit
+    export`, that checkpoint). It is the checkpoint's model.ref, or its model.policy where
+    model.ref was unset (PRIME's default: the policy's initial model). None for any other
+    directory, a run whose checkpoint is gone, or one trained against the rollout policy
+    (prm.reference=rollout: no fixed reference). A recorded local path that is no longer there
+    is a ConfigError: scoring against another model would colour every token wrongly."""
+    from primekit.trainer import checkpoint as ckpt
+
+    path = Path(prm)
+    if path.name != "prm":
+        return None
+    if path.parent.name == "final":
+        where = ckpt.latest_checkpoint(path.parent.parent)
+    elif path.parent.parent.name == "export":
+        where = path.parent.parent.parent / ckpt.CHECKPOINTS / path.parent.name
+    else:
+        return None
+    try:
+        cfg = json.loads((where / "trainer_state.json").read_text())["config"]
+        model, reference = cfg["model"], cfg["prm"]["reference"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    ref = model.get("ref") or model.get("policy")
+    if reference == "rollout" or not ref:
+        return None
+    local = ref.startswith((".", "/", "~")) or Path(ref).parent.is_dir()
+    if local and not Path(ref).expanduser().exists():
+        raise ConfigError(f"--ref: the run that trained --prm {prm} scored against {ref} "
+                          f"(its model.ref or model.policy), which is not there; give --ref")
+    return ref
+
+
 def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_problems: int,
                      k: int, temperature: float, seed: int) -> Scored:
     """K samples of `model` on the first `num_problems` held-out problems, verified and scored
-    token by token by the implicit PRM `prm` against `ref` (default: `model`)."""
+    token by token by the implicit PRM `prm` against `ref` (default: the reference `prm` was
+    trained against where its run recorded one, `trained_reference`; else `model`)."""
     from primekit.data.splits import encode_prompts, load_splits, verifier_task
     from primekit.models.hf import check_model_path, load_model, load_tokenizer
     from primekit.rollout.base import SamplingParams
@@ -62,6 +99,13 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
     from primekit.verifiers import build_verifier
 
     set_threads(cfg.train.threads)
+    if ref is None:
+        ref = trained_reference(prm)
+        if ref is not None:
+            from primekit.logging import console
+
+            console.print(f"reference: {ref} (what the run that trained --prm scored against; "
+                          f"--ref to choose another)", markup=False, highlight=False)
     ref = ref or model
     for path, field in ((model, "--model"), (prm, "--prm"), (ref, "--ref")):
         check_model_path(path, field)
