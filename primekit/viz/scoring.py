@@ -104,8 +104,8 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
         if ref is not None:
             from primekit.logging import console
 
-            console.print(f"reference: {ref} (what the run that trained --prm scored against; "
-                          f"--ref to choose another)", markup=False, highlight=False)
+            console.print(f"reference: {ref} (the PRM's, from its run; --ref for another)",
+                          markup=False, highlight=False)
     ref = ref or model
     for path, field in ((model, "--model"), (prm, "--prm"), (ref, "--ref")):
         check_model_path(path, field)
