@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from primekit.config import ConfigError, load_config, packaged_configs, resolve_config
+from primekit.demo import PRM_INITS
 from primekit.trainer.signals import Interrupted
 
 
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="*", default=None, help="names (default: all, e.g. policy prm)")
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
-    p.add_argument("--prm-init", choices=("separate", "policy"), default="separate",
+    p.add_argument("--prm-init", choices=PRM_INITS, default="separate",
                    help="where the implicit PRM and its reference start: 'separate' (default), an "
                    "SFT model of seed sft.seed+1 the demo also trains; 'policy', the policy's SFT "
                    "model as PRIME prescribes (at this size it co-adapts with the policy: "

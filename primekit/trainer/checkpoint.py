@@ -490,6 +490,12 @@ def write_final_eval(path: Path, metrics: dict[str, float]) -> None:
     os.replace(tmp, Path(path) / FINAL_EVAL)
 
 
+def read_state(path: Path) -> dict:
+    """Checkpoint `path`'s trainer_state.json: {"step", "config", ...} (OSError, ValueError
+    when it is missing or does not parse)."""
+    return json.loads((Path(path) / "trainer_state.json").read_text())
+
+
 def read_final_eval(path: Path | None) -> dict[str, float] | None:
     """The final evaluation recorded beside checkpoint `path`, or None."""
     try:
@@ -577,7 +583,7 @@ def load_checkpoint(
         )
     _set_rng_state(rng["ranks"][r if r < rng["world_size"] else 0], generators)
 
-    return json.loads((path / "trainer_state.json").read_text())
+    return read_state(path)
 
 
 def export_checkpoint(path: Path, out_dir: Path, names: tuple[str, ...] | None = None,

@@ -99,7 +99,7 @@ def check_resume(cfg: Config, anyway: bool = False) -> Path:
     if path is None:
         raise ConfigError(f"--resume: no complete checkpoint under {str(run_dir)!r}")
     try:
-        state = json.loads((path / "trainer_state.json").read_text())
+        state = ckpt.read_state(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--resume: cannot read {path / 'trainer_state.json'}: {e}") from None
     saved = state.get("config")

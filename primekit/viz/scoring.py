@@ -8,7 +8,6 @@ micro-batches, then `implicit_token_rewards` (primekit.algorithms.implicit_prm),
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +71,7 @@ def trained_reference(prm: str) -> str | None:
     else:
         return None
     try:
-        cfg = json.loads((where / "trainer_state.json").read_text())["config"]
+        cfg = ckpt.read_state(where)["config"]
         model, reference = cfg["model"], cfg["prm"]["reference"]
     except (TypeError, OSError, ValueError, KeyError):
         return None
