@@ -286,14 +286,49 @@ def _stop_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)  # 1 = PR_SET_PDEATHSIG
 
 
-class Display:
-    """Runs done / running / left, failures and an ETA: a rich bar on a terminal, plain lines
-    otherwise (and in-process, where the trainer prints its own bar)."""
+def latest_step(run_dir: Path) -> int | None:
+    """The step of the last complete line of `run_dir`/metrics.jsonl (read from its end), or None."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):  # a line cut by a crash, or by the 64 KiB window
+            continue
+    return None
 
-    def __init__(self, total: int, done: int, parallel: int, live: bool):
+
+@dataclass
+class Running:
+    """What the display knows of a started run: where it logs, how far it must go, from where."""
+
+    run_dir: Path
+    steps: int  # train.steps
+    first: int  # its step when this attempt started (a resumed run's checkpoint)
+    start: float  # time.time() at launch
+
+
+class Display:
+    """Runs done / running / left, failures, each running run's step and an ETA: a rich bar on a
+    terminal, plain lines otherwise (and in-process, where the trainer prints its own bar).
+    `tick()` refreshes the running runs' steps every `every` seconds (a plain line each time when
+    not on a terminal)."""
+
+    def __init__(self, total: int, done: int, parallel: int, live: bool,
+                 every: float | None = None):
         self.total, self.done, self.parallel = total, done, parallel
         self.failed, self.running = 0, []
         self.durations: list[float] = []
+        self.active: dict[str, Running] = {}
+        self.every = every if every is not None else (10.0 if live else 600.0)
+        self._last_tick = time.time()
         self._bar = None
         if live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -303,24 +338,80 @@ class Display:
             self._task = self._bar.add_task("runs", total=total, completed=done, info="")
             self._bar.start()
 
-    def eta(self) -> str:
+    def started(self, run_id: str, run: Running) -> None:
+        self.running.append(run_id)
+        self.active[run_id] = run
+
+    def ended(self, run_id: str) -> None:
+        self.running = [n for n in self.running if n != run_id]
+        self.active.pop(run_id, None)
+
+    def _rates(self, now: float) -> dict[str, tuple[int, float]]:
+        """run id -> (its step, seconds per step this attempt) for running runs past their first
+        step of this attempt (the rate includes the attempt's start-up)."""
+        rates = {}
+        for run_id in self.running:
+            r = self.active.get(run_id)
+            step = latest_step(r.run_dir) if r is not None else None
+            if step is not None and step > r.first:
+                rates[run_id] = (step, (now - r.start) / (step - r.first))
+        return rates
+
+    def eta(self, now: float | None = None) -> str:
+        """Seconds of work left over `parallel` slots: each running run's steps left at its own
+        rate so far, and each run not started at the mean length of a run (finished this
+        session, or running runs extrapolated to their full length)."""
         from primekit.logging import _fmt_duration
 
-        left = self.total - self.done - self.failed
-        if not self.durations:
+        now = time.time() if now is None else now
+        rates = self._rates(now)
+        whole = list(self.durations) + [self.active[i].steps * rate
+                                        for i, (_, rate) in rates.items()]
+        if not whole:
             return "?"
-        # Mean seconds per run this session; the running runs are counted as half done.
-        per_run = sum(self.durations) / len(self.durations)
-        remaining = max(0.0, (left - 0.5 * len(self.running)) * per_run / self.parallel)
-        return _fmt_duration(remaining)
+        per_run = sum(whole) / len(whole)
+        work = 0.0
+        for run_id in self.running:
+            if run_id in rates:
+                step, rate = rates[run_id]
+                work += max(0, self.active[run_id].steps - step) * rate
+            else:
+                work += 0.5 * per_run  # no step of this attempt yet
+        left = self.total - self.done - self.failed - len(self.running)
+        work += max(0, left) * per_run
+        return _fmt_duration(work / max(1, min(self.parallel, left + len(self.running))))
 
-    def info(self) -> str:
+    def steps(self) -> str:
+        """`run step/steps` of each running run (its step once its metrics.jsonl has one)."""
+        parts = []
+        for run_id in self.running:
+            r = self.active.get(run_id)
+            step = latest_step(r.run_dir) if r is not None else None
+            if r is not None:
+                parts.append(f"{run_id} {'-' if step is None else step}/{r.steps}")
+        return ", ".join(parts)
+
+    def info(self, now: float | None = None) -> str:
         left = self.total - self.done - self.failed - len(self.running)
         failed = f" · failed {self.failed}" if self.failed else ""
         return (f"done {self.done} · running {len(self.running)} · left {left}{failed} · "
-                f"eta {self.eta()}")
+                f"eta {self.eta(now)}")
+
+    def tick(self, now: float | None = None) -> None:
+        """Every `every` seconds while runs are running: the bar's steps and ETA refreshed, or
+        one plain line with them."""
+        now = time.time() if now is None else now
+        if not self.running or now - self._last_tick < self.every:
+            return
+        self._last_tick = now
+        if self._bar is not None:
+            self._bar.update(self._task, info=f"{self.info(now)} · {self.steps()}")
+        else:
+            console.print(f"progress: {self.steps()} [{self.done}/{self.total}; {self.info(now)}]",
+                          markup=False, highlight=False, soft_wrap=True)
 
     def event(self, text: str) -> None:
+        self._last_tick = time.time()
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, info=self.info())
             self._bar.console.print(text, markup=False, highlight=False)
@@ -629,7 +720,7 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
 
     def finish(run: Run, launch: Launch, rc: int) -> None:
         _record(out_dir, launch, rc)
-        display.running = [n for n in display.running if n != run.run_id]
+        display.ended(run.run_id)
         if rc == 0:
             display.done += 1
             display.durations.append(time.time() - launch.start)
@@ -653,7 +744,9 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
                                 out_dir / "logs" / f"{run.run_id}.log", states[run.run_id])
                 if on_launch is not None:
                     on_launch(launch)
-                display.running.append(run.run_id)
+                first = (_checkpoint_step(run.run_dir)[0] or 0) if launch.how == RESUME else 0
+                steps = run.config(spec).train.steps
+                display.started(run.run_id, Running(run.run_dir, steps, first, time.time()))
                 display.event(f"start {run.run_id} ({launch.how})")
                 _start(launch, in_process)
                 if in_process is not None:
@@ -666,6 +759,7 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
                     running.remove((run, launch))
                     finish(run, launch, rc)
             if running:
+                display.tick()
                 time.sleep(0.5)
     except KeyboardInterrupt:
         def forward(signum=None, frame=None) -> None:
