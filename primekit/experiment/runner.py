@@ -305,6 +305,13 @@ def latest_step(run_dir: Path) -> int | None:
     return None
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("-inf")
+
+
 @dataclass
 class Running:
     """What the display knows of a started run: where it logs, how far it must go, from where."""
@@ -348,11 +355,15 @@ class Display:
 
     def _rates(self, now: float) -> dict[str, tuple[int, float]]:
         """run id -> (its step, seconds per step this attempt) for running runs past their first
-        step of this attempt (the rate includes the attempt's start-up)."""
+        step of this attempt (the rate includes the attempt's start-up). A metrics.jsonl not
+        written since the launch is the last attempt's: a resumed run drops the steps that attempt
+        logged after its checkpoint only once it has started."""
         rates = {}
         for run_id in self.running:
             r = self.active.get(run_id)
-            step = latest_step(r.run_dir) if r is not None else None
+            if r is None or _mtime(r.run_dir / "metrics.jsonl") < r.start:
+                continue
+            step = latest_step(r.run_dir)
             if step is not None and step > r.first:
                 rates[run_id] = (step, (now - r.start) / (step - r.first))
         return rates

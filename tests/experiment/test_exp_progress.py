@@ -4,6 +4,8 @@ from the running runs' own rates (a resumed run counted from its checkpoint's st
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from primekit.experiment.runner import Display, Running, latest_step
@@ -28,12 +30,13 @@ def test_latest_step_reads_the_last_complete_line(tmp_path):
 
 
 def test_eta_from_running_rates_and_runs_left(tmp_path):
-    now = 10_000.0
+    a, b = write_steps(tmp_path / "A", 50), write_steps(tmp_path / "B", 55)
+    now = time.time() + 1  # launched before their metrics.jsonl was written (the older is stale)
     d = Display(total=4, done=1, parallel=2, live=False)
     # A: fresh, 100 s for 50 steps -> 2 s/step; 50 steps left = 100 s; a whole run 200 s.
-    d.started("A", Running(write_steps(tmp_path / "A", 50), 100, 0, now - 100))
+    d.started("A", Running(a, 100, 0, now - 100))
     # B: resumed at step 40, 30 s for 15 steps -> 2 s/step; 45 steps left = 90 s; whole 200 s.
-    d.started("B", Running(write_steps(tmp_path / "B", 55), 100, 40, now - 30))
+    d.started("B", Running(b, 100, 40, now - 30))
     # One run left (4 - 1 done - 2 running) at the mean whole run, 200 s:
     # (100 + 90 + 200) / 2 slots = 195 s.
     assert d.eta(now) == "3m15s"
@@ -45,7 +48,7 @@ def test_eta_from_running_rates_and_runs_left(tmp_path):
 
 
 def test_eta_unknown_until_a_step_or_a_run_is_done(tmp_path):
-    now = 500.0
+    now = time.time()
     d = Display(total=3, done=0, parallel=2, live=False)
     # Resumed at step 40, no step of this attempt logged yet: no rate.
     d.started("A", Running(write_steps(tmp_path / "A", 40), 100, 40, now - 20))
@@ -55,6 +58,20 @@ def test_eta_unknown_until_a_step_or_a_run_is_done(tmp_path):
     # (3 - 0 done - 1 running; 2 x 120 s): (60 + 240) / 2 slots = 150 s.
     d.durations.append(120.0)
     assert d.eta(now) == "2m30s"
+
+
+def test_a_resumed_runs_stale_steps_are_not_a_rate(tmp_path):
+    # The last attempt logged up to step 114 after its checkpoint at 100; until the resumed run
+    # starts (and drops them) its metrics.jsonl is older than the launch: no rate from it.
+    run_dir = write_steps(tmp_path / "A", 114)
+    launch = 1.8e9
+    os.utime(run_dir / "metrics.jsonl", (launch - 60, launch - 60))
+    d = Display(total=1, done=0, parallel=1, live=False)
+    d.started("A", Running(run_dir, 160, 100, launch))
+    assert d.eta(launch + 5) == "?"
+    os.utime(run_dir / "metrics.jsonl", (launch + 70, launch + 70))  # written by this attempt
+    # 14 steps in 70 s = 5 s/step; 46 steps left = 230 s.
+    assert d.eta(launch + 70) == "3m50s"
 
 
 def test_tick_prints_the_steps_at_its_interval(tmp_path, capsys):
