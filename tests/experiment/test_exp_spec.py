@@ -148,6 +148,8 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
 
 # Packaged specs that choose settings rather than test a claim of the papers.
 TUNING_SPECS = ("prm-settings", "prm-init-tuning")
+# Packaged specs that add seeds to one task family of a two-family claim (spec -> that claim).
+MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo"}
 
 
 def test_list_shows_every_packaged_spec_and_each_validates(capsys):
@@ -162,8 +164,17 @@ def test_list_shows_every_packaged_spec_and_each_validates(capsys):
         spec = load_spec(name)  # every run's config builds
         assert len(spec.seeds) >= 3, name
         # A claim runs on two task families; a tuning spec (settings chosen for one config, on
-        # seeds no claim uses) may run on one.
-        assert len(spec.tasks) >= 2 or name in TUNING_SPECS, name
+        # seeds no claim uses) may run on one, and so may a spec adding seeds to one family of
+        # a claim, with that claim's runs for that family (the same config per seed).
+        assert len(spec.tasks) >= 2 or name in TUNING_SPECS or name in MORE_SEEDS_SPECS, name
+        if name in MORE_SEEDS_SPECS:
+            claim = load_spec(MORE_SEEDS_SPECS[name])
+            assert set(claim.seeds) < set(spec.seeds), name
+            for run in spec.runs(Path("x")):
+                if run.seed in claim.seeds:
+                    (same,) = [r for r in claim.runs(Path("x")) if (r.task, r.arm, r.seed) == (
+                        run.task, run.arm, run.seed)]
+                    assert same.config(claim).to_dict() == run.config(spec).to_dict(), run
         assert spec.paper and spec.budget, name
     for name in TUNING_SPECS:  # their seeds are none of the claims' seeds
         claim_seeds = {s for n in names if n not in TUNING_SPECS for s in load_spec(n).seeds}
