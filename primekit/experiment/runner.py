@@ -349,9 +349,15 @@ class Display:
         self.running.append(run_id)
         self.active[run_id] = run
 
-    def ended(self, run_id: str) -> None:
+    def ended(self, run_id: str, seconds: float | None = None) -> None:
+        """`run_id` stopped; `seconds`: it finished, in that long (a resumed attempt's time
+        scaled to its whole `train.steps`, the mean length of a run for the ETA)."""
         self.running = [n for n in self.running if n != run_id]
-        self.active.pop(run_id, None)
+        r = self.active.pop(run_id, None)
+        if seconds is not None:
+            if r is not None and 0 < r.first < r.steps:
+                seconds *= r.steps / (r.steps - r.first)
+            self.durations.append(seconds)
 
     def _rates(self, now: float) -> dict[str, tuple[int, float]]:
         """run id -> (its step, seconds per step this attempt) for running runs past their first
@@ -731,10 +737,9 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
 
     def finish(run: Run, launch: Launch, rc: int) -> None:
         _record(out_dir, launch, rc)
-        display.ended(run.run_id)
+        display.ended(run.run_id, time.time() - launch.start if rc == 0 else None)
         if rc == 0:
             display.done += 1
-            display.durations.append(time.time() - launch.start)
             result[run.run_id] = FINISHED
             if on_finished is not None:
                 on_finished(run)

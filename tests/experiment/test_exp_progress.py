@@ -89,3 +89,15 @@ def test_tick_prints_the_steps_at_its_interval(tmp_path, capsys):
     d.ended("A")
     d.tick(now=2000.0)  # nothing running: nothing to say
     assert capsys.readouterr().out == ""
+
+
+def test_a_finished_resumed_attempt_counts_as_a_whole_run(tmp_path):
+    d = Display(total=2, done=0, parallel=1, live=False)
+    d.started("A", Running(tmp_path / "A", 160, 100, 0.0))
+    d.ended("A", 300.0)  # 60 steps of 160 in 300 s: a whole run 300 x 160 / 60 = 800 s
+    d.done += 1
+    d.started("B", Running(tmp_path / "B", 160, 0, 0.0))
+    d.ended("B", None)  # failed: no length
+    d.failed += 1
+    assert d.durations == [800.0]
+    assert d.running == [] and d.active == {}
