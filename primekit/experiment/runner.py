@@ -331,9 +331,9 @@ class Display:
     def __init__(self, total: int, done: int, parallel: int, live: bool,
                  every: float | None = None):
         self.total, self.done, self.parallel = total, done, parallel
-        self.failed, self.running = 0, []
+        self.failed = 0
         self.durations: list[float] = []
-        self.active: dict[str, Running] = {}
+        self.active: dict[str, Running] = {}  # the running runs, in the order they started
         self.every = every if every is not None else (10.0 if live else 600.0)
         self._last_tick = time.time()
         self._bar = None
@@ -345,14 +345,16 @@ class Display:
             self._task = self._bar.add_task("runs", total=total, completed=done, info="")
             self._bar.start()
 
+    @property
+    def running(self) -> list[str]:
+        return list(self.active)
+
     def started(self, run_id: str, run: Running) -> None:
-        self.running.append(run_id)
         self.active[run_id] = run
 
     def ended(self, run_id: str, seconds: float | None = None) -> None:
         """`run_id` stopped; `seconds`: it finished, in that long (a resumed attempt's time
         scaled to its whole `train.steps`, the mean length of a run for the ETA)."""
-        self.running = [n for n in self.running if n != run_id]
         r = self.active.pop(run_id, None)
         if seconds is not None:
             if r is not None and 0 < r.first < r.steps:
@@ -365,9 +367,8 @@ class Display:
         written since the launch is the last attempt's: a resumed run drops the steps that attempt
         logged after its checkpoint only once it has started."""
         rates = {}
-        for run_id in self.running:
-            r = self.active.get(run_id)
-            if r is None or _mtime(r.run_dir / "metrics.jsonl") < r.start:
+        for run_id, r in self.active.items():
+            if _mtime(r.run_dir / "metrics.jsonl") < r.start:
                 continue
             step = latest_step(r.run_dir)
             if step is not None and step > r.first:
@@ -401,11 +402,9 @@ class Display:
     def steps(self) -> str:
         """`run step/steps` of each running run (its step once its metrics.jsonl has one)."""
         parts = []
-        for run_id in self.running:
-            r = self.active.get(run_id)
-            step = latest_step(r.run_dir) if r is not None else None
-            if r is not None:
-                parts.append(f"{run_id} {'-' if step is None else step}/{r.steps}")
+        for run_id, r in self.active.items():
+            step = latest_step(r.run_dir)
+            parts.append(f"{run_id} {'-' if step is None else step}/{r.steps}")
         return ", ".join(parts)
 
     def info(self, now: float | None = None) -> str:
