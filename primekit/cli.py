@@ -223,9 +223,6 @@ def _run_distributed_command(args, cfg) -> None:
                     [{"metric": k, "value": v} for k, v in metrics.items()])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def _export(args) -> None:
     from primekit.trainer import checkpoint as ckpt
@@ -246,3 +243,7 @@ def _export(args) -> None:
         exported = ckpt.export_checkpoint(path, out, names)
     for name, where in exported.items():
         print(f"{name}: {where}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

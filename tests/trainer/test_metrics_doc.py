@@ -76,3 +76,16 @@ def test_metrics_doc_matches_the_logged_keys(rl_config, sft_model_dir):
     assert not stale, f"in docs/metrics.md but logged by no variant: {stale}"
     print(f"{len(produced)} keys from {len(variants(sft_model_dir))} variants in "
           f"{time.perf_counter() - start:.1f} s")
+
+
+def test_metrics_doc_lists_exactly_the_sft_keys(sft_model_dir):
+    # The session-scoped SFT run (30 steps: lines at steps 0 and 25 and the last, 29) logs into
+    # `<out_dir>-logs/metrics.jsonl`; its sft/ keys and the doc's are the same set.
+    import json
+
+    log = sft_model_dir.parent / (sft_model_dir.name + "-logs") / "metrics.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 25, 29]
+    logged = {k for r in rows for k in r if k.startswith("sft/")}
+    documented = {k for k in documented_keys() if k.startswith("sft/")}
+    assert logged == documented, (logged - documented, documented - logged)

@@ -277,6 +277,20 @@ def test_export_of_random_bytes_without_checksums_is_one_line(finished, tmp_path
 # --- 6: export --out and eval --model -----------------------------------------------------------
 
 
+def test_export_through_the_module_entry_point(finished, tmp_path):
+    # `python -m primekit.cli export` (as under torchrun) reaches _export: the module's main block
+    # once stood above _export's definition, so this path raised NameError where `primekit
+    # export` worked.
+    import subprocess
+    import sys
+
+    out = tmp_path / "x"
+    done = subprocess.run([sys.executable, "-m", "primekit.cli", "export", str(finished[0]),
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (out / "policy" / "config.json").is_file(), sorted(p.name for p in out.iterdir())
+
+
 def test_export_to_a_read_only_location_is_one_line(finished, tmp_path, capsys):
     with read_only_dir(tmp_path) as ro:
         rc = cli.main(["export", str(finished[0]), "--out", str(ro / "out")])
