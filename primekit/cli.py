@@ -223,7 +223,6 @@ def _run_distributed_command(args, cfg) -> None:
                     [{"metric": k, "value": v} for k, v in metrics.items()])
 
 
-
 def _export(args) -> None:
     from primekit.trainer import checkpoint as ckpt
     from primekit.trainer.rundir import write_errors

@@ -3,6 +3,7 @@ no longer logs: one step of each main variant (and one evaluation) on the tiny m
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -81,8 +82,6 @@ def test_metrics_doc_matches_the_logged_keys(rl_config, sft_model_dir):
 def test_metrics_doc_lists_exactly_the_sft_keys(sft_model_dir):
     # The session-scoped SFT run (30 steps: lines at steps 0 and 25 and the last, 29) logs into
     # `<out_dir>-logs/metrics.jsonl`; its sft/ keys and the doc's are the same set.
-    import json
-
     log = sft_model_dir.parent / (sft_model_dir.name + "-logs") / "metrics.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 25, 29]

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -281,9 +283,6 @@ def test_export_through_the_module_entry_point(finished, tmp_path):
     # `python -m primekit.cli export` (as under torchrun) reaches _export: the module's main block
     # once stood above _export's definition, so this path raised NameError where `primekit
     # export` worked.
-    import subprocess
-    import sys
-
     out = tmp_path / "x"
     done = subprocess.run([sys.executable, "-m", "primekit.cli", "export", str(finished[0]),
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
