@@ -151,6 +151,8 @@ TUNING_SPECS = ("prm-settings", "prm-init-tuning")
 # Packaged specs that add seeds to one task family of a two-family claim (spec -> that claim).
 MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo",
                     "demo-prime-vs-rloo-6-seeds-chains": "demo-prime-vs-rloo"}
+# Packaged specs that ask a two-family claim on one more family (spec -> that claim).
+MORE_FAMILIES_SPECS = {"demo-prime-vs-rloo-rgym": "demo-prime-vs-rloo"}
 
 
 def test_list_shows_every_packaged_spec_and_each_validates(capsys):
@@ -166,8 +168,16 @@ def test_list_shows_every_packaged_spec_and_each_validates(capsys):
         assert len(spec.seeds) >= 3, name
         # A claim runs on two task families; a tuning spec (settings chosen for one config, on
         # seeds no claim uses) may run on one, and so may a spec adding seeds to one family of
-        # a claim, with that claim's runs for that family (the same config per seed).
-        assert len(spec.tasks) >= 2 or name in TUNING_SPECS or name in MORE_SEEDS_SPECS, name
+        # a claim, with that claim's runs for that family (the same config per seed), and so
+        # may a spec asking a claim on a further family, with that claim's arms and verdicts.
+        assert len(spec.tasks) >= 2 or name in TUNING_SPECS or name in MORE_SEEDS_SPECS \
+            or name in MORE_FAMILIES_SPECS, name
+        if name in MORE_FAMILIES_SPECS:
+            claim = load_spec(MORE_FAMILIES_SPECS[name])
+            assert not set(spec.tasks) & set(claim.tasks), name
+            assert set(spec.arms) == set(claim.arms) and spec.seeds == claim.seeds, name
+            assert spec.verdicts == claim.verdicts and spec.claim.startswith(claim.claim), name
+            assert spec.overrides == claim.overrides and spec.paper == claim.paper, name
         if name in MORE_SEEDS_SPECS:
             claim = load_spec(MORE_SEEDS_SPECS[name])
             assert set(claim.seeds) < set(spec.seeds), name
