@@ -144,6 +144,12 @@ def _rows(spec: Spec, v: Verdict, logs: dict[tuple[str, str], list[RunLog]]) -> 
                                             n_boot=v.bootstrap, seed=v.seed)
                 cens = (sum(c.censored for c in t_x), sum(c.censored for c in b_x))
                 verdict, reason = decide(v, est, n_min, cens)
+                if n_min >= MIN_SEEDS and all(c.at_start for c in t_x + b_x):
+                    # Every run began at or above the threshold (with "baseline-final": the
+                    # baseline ended no higher than it started), so no step count measures speed.
+                    verdict, reason = INCONCLUSIVE, (
+                        f"every run reached the threshold {thr:.3g} at its first step: the runs "
+                        f"started there, so the ratio measures nothing")
                 detail = (f"threshold {thr:.3f} ({v.threshold}) on the {v.window}-step trailing "
                           f"mean of {v.metric}; steps: {treatment} "
                           f"{[c.step for c in t_x]} ({cens[0]} censored), {baseline} "

@@ -160,6 +160,7 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
 class Crossing:
     step: int  # first step reaching the threshold; the run's last step when censored
     censored: bool  # never reached within the run: `step` is a lower bound
+    at_start: bool = False  # reached at the run's first logged step: it started there
 
 
 def steps_to_threshold(steps: Sequence[int], values: Sequence[float], threshold: float,
@@ -167,11 +168,13 @@ def steps_to_threshold(steps: Sequence[int], values: Sequence[float], threshold:
     """The first step at which the trailing `window`-step mean of `values` is >= `threshold`.
 
     Never reached: censored at the run's last step (the true number is larger; a ratio built on
-    it is a bound, and the report says so). Shapes: steps [T], values [T] (one run's series)."""
+    it is a bound, and the report says so). Reached at the first step: `at_start` (the run began
+    at or above the threshold, so its count says nothing of learning speed).
+    Shapes: steps [T], values [T] (one run's series)."""
     if len(steps) == 0:
         raise ValueError("steps_to_threshold: empty series")
     s = smooth(values, window)
     hit = np.nonzero(s >= threshold)[0]
     if len(hit) == 0:
         return Crossing(int(steps[-1]), True)
-    return Crossing(int(steps[hit[0]]), False)
+    return Crossing(int(steps[hit[0]]), False, at_start=bool(hit[0] == 0))

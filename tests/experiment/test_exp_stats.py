@@ -85,6 +85,9 @@ def test_smooth_and_steps_to_threshold_by_hand():
         50, True)
     # Window 1 is the raw series: 0.6 at step 20.
     assert stats.steps_to_threshold(steps, [0, 0.6, 0.6, 0.9, 0.3], 0.5, 1).step == 20
+    # Threshold 0 is met by the first value itself: step 10, flagged as where the run started.
+    assert stats.steps_to_threshold(steps, [0, 0.6, 0.6, 0.9, 0.3], 0.0, 3) == stats.Crossing(
+        10, False, at_start=True)
 
 
 def test_verdict_rule():
@@ -174,6 +177,18 @@ def test_steps_ratio_rows_from_series(tmp_path):
     assert row.estimate.value == pytest.approx(2.25) and row.estimate.lo > 1
     assert row.verdict == INCONCLUSIVE and "1 treatment run(s) never reached" in row.reason
     assert "(1 censored)" in row.detail
+    # Both arms start above the threshold (0.5) and fall: every run "reaches" it at step 1, ratio
+    # 1 / 1 = 1 with no spread, an interval [1, 1] that says nothing of speed: inconclusive with
+    # that reason, not "straddles 1".
+    prime = [log([0.7, 0.4, 0.4, 0.45, 0.45, 0.45, 0.5, 0.5, 0.5, 0.5])] * 3
+    rloo = [log([0.6] + [0.3] * 9)] * 3
+    row = verdict_rows(spec, {("default", "prime"): prime, ("default", "rloo"): rloo})[0]
+    assert (row.estimate.value, row.estimate.lo, row.estimate.hi) == (1.0, 1.0, 1.0)
+    assert row.verdict == INCONCLUSIVE and "at its first step" in row.reason
+    # One run that starts below the threshold is enough for the count to mean something.
+    rloo = [log([0.6] + [0.3] * 9)] * 2 + [log([0.3] * 10)]
+    row = verdict_rows(spec, {("default", "prime"): prime, ("default", "rloo"): rloo})[0]
+    assert "at its first step" not in row.reason
 
 
 def test_read_run_drops_nan_steps_so_window_means_stay_finite(tmp_path):
