@@ -151,8 +151,10 @@ TUNING_SPECS = ("prm-settings", "prm-init-tuning", "rgym-policy-warmup")
 # Packaged specs that add seeds to one task family of a two-family claim (spec -> that claim).
 MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo",
                     "demo-prime-vs-rloo-6-seeds-chains": "demo-prime-vs-rloo"}
-# Packaged specs that ask a two-family claim on one more family (spec -> that claim).
-MORE_FAMILIES_SPECS = {"demo-prime-vs-rloo-rgym": "demo-prime-vs-rloo"}
+# Packaged specs that ask a two-family claim on one more family (spec -> that claim, and the
+# common overrides it may change: settings chosen for that family on tuning seeds).
+MORE_FAMILIES_SPECS = {"demo-prime-vs-rloo-rgym": ("demo-prime-vs-rloo", ()),
+                       "demo-prime-vs-rloo-rgym-lr3e-5": ("demo-prime-vs-rloo", ("policy.lr",))}
 
 
 def test_list_shows_every_packaged_spec_and_each_validates(capsys):
@@ -173,11 +175,14 @@ def test_list_shows_every_packaged_spec_and_each_validates(capsys):
         assert len(spec.tasks) >= 2 or name in TUNING_SPECS or name in MORE_SEEDS_SPECS \
             or name in MORE_FAMILIES_SPECS, name
         if name in MORE_FAMILIES_SPECS:
-            claim = load_spec(MORE_FAMILIES_SPECS[name])
+            claim_name, changed = MORE_FAMILIES_SPECS[name]
+            claim = load_spec(claim_name)
             assert not set(spec.tasks) & set(claim.tasks), name
             assert set(spec.arms) == set(claim.arms) and spec.seeds == claim.seeds, name
             assert spec.verdicts == claim.verdicts and spec.claim.startswith(claim.claim), name
-            assert spec.overrides == claim.overrides and spec.paper == claim.paper, name
+            kept = [o for o in spec.overrides if o.split("=", 1)[0] not in changed]
+            assert kept == claim.overrides and spec.paper == claim.paper, name
+            assert {o.split("=", 1)[0] for o in spec.overrides if o not in kept} == set(changed), name
         if name in MORE_SEEDS_SPECS:
             claim = load_spec(MORE_SEEDS_SPECS[name])
             assert set(claim.seeds) < set(spec.seeds), name
