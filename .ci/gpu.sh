@@ -6,9 +6,10 @@
 # sync's CUDA IPC route (another process reading the trainer's parameters out of a GPU buffer),
 # two PRIME steps on CUDA for each of eight switch sets (estimators, credit, packing ...), and
 # train-orm / train-prm then PPO with their rewards on CUDA. -s prints the figures. Last run on
-# one H200 (torch 2.11, transformers 5.17), 2026-12-04: all passed but the 2-GPU test (skipped),
-# in 38 s; the switch sets and the explicit reward models were added after that run
-# (docs/scale_out.md).
+# one H100 (torch 2.11, transformers 5.17), 2026-12-05, in 44 s: all passed but the 2-GPU test
+# (skipped) and two that found faults, fixed since: PPO's critic/explained_var (-inf on constant
+# returns; the fix passed there on a second run) and the plan test (leftover memory of earlier
+# tests and the plan's rollout rows; the fix not yet run on a GPU). docs/scale_out.md.
 # Run from an environment where primekit and a CUDA build of torch are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -21,9 +21,18 @@ With `--sampled DIR` the batches are instead real ones: `--batches` PRIME steps 
 from that SFT model (the batches its policy update sees), scored by that model; padding is then
 the demo's own.
 
+The paper's regime (responses of hundreds to a thousand tokens, a model whose matrix products
+dominate) is `--random-0.5b --response-max 1024 --prompt-max 200`: a random-weight model of
+Qwen2-0.5B's shape (no download), prompts of 90-200 and responses of 192-1024 tokens (10% at
+1024), with micro-batches of `--micro-rows` rows and token budgets (`--budgets`, and
+`--packed-budget` for the packed layouts) sized for it. `--device auto` takes the GPU where there
+is one (each pass then ends with a synchronise), `--dtype bfloat16` the dtype users train in.
+
 Usage:
     python benchmarks/packing.py [--rows 64] [--rounds 6] [--threads 1] [--model DIR]
     python benchmarks/packing.py --sampled runs/demo/sft [--batches 3] [--rounds 4]
+    python benchmarks/packing.py --random-0.5b --rows 64 --micro-rows 8 --prompt-max 200 \
+        --response-max 1024 --budgets 4096,8192 --packed-budget 8192 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -43,9 +52,11 @@ from primekit.rollout.batching import Layout, iter_layout
 
 
 def demo_like_batch(n: int, seed: int = 1, P: int = 40, T: int = 64) -> RolloutBatch:
+    """n rows, prompts of 0.45P-P tokens and responses of 0.1875T-T (10% at T): 18-40 and 12-64
+    at the defaults, the demo's shape."""
     g = torch.Generator().manual_seed(seed)
-    p_len = torch.randint(18, P + 1, (n,), generator=g)
-    t_len = torch.randint(12, T + 1, (n,), generator=g)
+    p_len = torch.randint(round(0.45 * P), P + 1, (n,), generator=g)
+    t_len = torch.randint(round(0.1875 * T), T + 1, (n,), generator=g)
     t_len[torch.rand(n, generator=g) < 0.1] = T
     prompt_ids, prompt_mask = torch.zeros(n, P, dtype=torch.long), torch.zeros(n, P, dtype=torch.long)
     response_ids, response_mask = torch.zeros(n, T, dtype=torch.long), torch.zeros(n, T, dtype=torch.long)
@@ -83,25 +94,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampled", default=None, metavar="SFT",
                         help="time real demo batches sampled by this SFT model (and score with it)")
     parser.add_argument("--batches", type=int, default=3, help="with --sampled: steps sampled")
+    parser.add_argument("--random-0.5b", dest="random_half", action="store_true",
+                        help="a random-weight model of Qwen2-0.5B's shape (weight_sync.py's)")
+    parser.add_argument("--prompt-max", type=int, default=40, help="synthetic batch: longest prompt")
+    parser.add_argument("--response-max", type=int, default=64,
+                        help="synthetic batch: longest response")
+    parser.add_argument("--micro-rows", type=int, default=0,
+                        help="rows per micro-batch (default: all --rows in one)")
+    parser.add_argument("--budgets", default="512,1024,2048",
+                        help="token budgets of the length-sorted layouts")
+    parser.add_argument("--packed-budget", type=int, default=100_000,
+                        help="token budget of the packed layouts (packed-chosen-1024 aside)")
+    parser.add_argument("--device", default="auto", help="auto: the GPU where there is one")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    model_dir = args.model or args.sampled
-    if model_dir is None:
-        from primekit.models.tiny import build_tiny_model
+    from primekit.runtime import resolve_device
 
-        model_dir = build_tiny_model(tempfile.mkdtemp(prefix="primekit-bench-packing-") + "/m")
-    model = AutoModelForCausalLM.from_pretrained(model_dir).float().train()
+    device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
+    model_dir = args.model or args.sampled
+    if args.random_half:
+        from transformers import Qwen2ForCausalLM
+        from weight_sync import half_billion_config
+
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(half_billion_config())
+    else:
+        if model_dir is None:
+            from primekit.models.tiny import build_tiny_model
+
+            model_dir = build_tiny_model(tempfile.mkdtemp(prefix="primekit-bench-packing-") + "/m")
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = model.to(device=device, dtype=dtype).train()
     batches = sampled_batches(args.sampled, args.batches) if args.sampled else [
-        demo_like_batch(args.rows)]
-    n, budget = (len(batches[0].responses) // 2 if args.sampled else args.rows), 100_000
+        demo_like_batch(args.rows, P=args.prompt_max, T=args.response_max)]
+    n = (len(batches[0].responses) // 2 if args.sampled else args.micro_rows or args.rows)
+    budget = args.packed_budget
     shipped = batching.PACKED_ROW_FACTORS
-    variants = {  # name: (layout, the packed row widths to choose from, x the longest sequence)
-        "padded-rows": (Layout(n, 4), shipped),
-        "sorted-512": (Layout(n, 4, 512), shipped),
-        "sorted-1024": (Layout(n, 4, 1024), shipped),
-        "sorted-2048": (Layout(n, 4, 2048), shipped),
+    variants = {"padded-rows": (Layout(n, 4), shipped)}
+    # name: (layout, the packed row widths to choose from, x the longest sequence)
+    for b in (int(x) for x in args.budgets.split(",") if x):
+        variants[f"sorted-{b}"] = (Layout(n, 4, b), shipped)
+    variants |= {
         "packed-1.0x": (Layout(n, 4, budget, True), (1.0,)),
         "packed-1.5x": (Layout(n, 4, budget, True), (1.5,)),
         "packed-2.0x": (Layout(n, 4, budget, True), (2.0,)),
@@ -109,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         "packed-chosen-1024": (Layout(n, 4, 1024, True), shipped),
         "packed-one-row": (Layout(n, 4, budget, True), (float(n * 200),)),
     }
-    if args.sampled:  # known to lose (above); it would take most of the time
+    if args.sampled or args.response_max > 64:  # known to lose (above) / over the budget
         del variants["packed-one-row"]
+    if args.response_max > 64:  # a 1024-token budget holds less than one group
+        del variants["packed-chosen-1024"]
     valid = sum(int(b.prompt_mask.sum() + b.response_mask.sum()) for b in batches)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def run(name: str) -> int:
         layout, factors = variants[name]
@@ -122,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             for mb in iter_layout(b, layout):
                 computed += mb.tokens_computed
                 lp, ent = micro_batch_logprobs(model, mb, compute_entropy=True)
-                ((lp + 0.01 * ent).sum() / b.response_mask.sum()).backward()
+                ((lp + 0.01 * ent).float().sum() / b.response_mask.sum()).backward()
+        sync()
         return computed
 
     computed = {name: run(name) for name in variants}  # warm-up
@@ -135,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     base = statistics.median(times["padded-rows"])
     what = f"{len(batches)} sampled batches of {len(batches[0].responses)} rows in micro-batches of {n}" \
-        if args.sampled else f"{args.rows} rows"
-    print(f"{what}, {valid} tokens, {args.threads} thread(s), forward + backward, seconds")
+        if args.sampled else f"{args.rows} rows (micro-batches of {n})"
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    where = f"{device}" if device.type != "cpu" else f"{args.threads} thread(s)"
+    print(f"{what}, {valid} tokens, {params:.1f} M parameters, {args.dtype}, {where}, "
+          f"forward + backward, seconds")
     print(f"{'layout':18} {'padding':>8} {'n':>3} {'median':>8} {'min':>8} {'max':>8} {'vs padded':>9}")
     for name, ts in times.items():
         med = statistics.median(ts)

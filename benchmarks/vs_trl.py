@@ -1,8 +1,8 @@
 """One outcome-only RLOO step of primekit against one step of TRL's GRPOTrainer, same model/batch.
 
-Both sides: the demo's SFT model in float32 on the CPU, the same 16 arithmetic prompts x 4
-samples at every step (ours: its prompt sampler rewound before each step), at most
-64 new tokens (stopping at EOS, or `--forced`: every row 64 tokens), temperature 1, the arithmetic
+Both sides: the demo's SFT model in float32 (on the CPU, or the GPU: --device), the same 16
+arithmetic prompts x 4 samples at every step (ours: its prompt sampler rewound before each step),
+at most 64 new tokens (stopping at EOS, or `--forced`: every row 64 tokens), temperature 1, the arithmetic
 verifier as the only reward, old log-probs computed by a separate forward after generation, one
 optimiser step (AdamW) over the 64 rows as one mini-batch. Timed: the whole step, rollout
 included. The sides alternate (`--repeats` rounds, one untimed warm-up each) in one process, so a
@@ -22,6 +22,7 @@ Run with a python that has both primekit and trl (TRL is not a dependency):
     python -m venv /tmp/trl-venv --system-site-packages
     /tmp/trl-venv/bin/pip install trl==1.16.0
     /tmp/trl-venv/bin/python benchmarks/vs_trl.py --policy runs/demo/sft [--repeats 5] [--forced]
+        [overrides of our side ...]
 Without trl the script says so and exits 0 (skipped).
 
 Measured with TRL 1.16.0 from the demo's SFT model, 1 thread, 2-core machine with its background
@@ -35,6 +36,10 @@ With the packed micro-batches the tiny config has since (2026-12-05, the same ma
 0.082 s, update 0.182 vs 0.282 s): the 0.67x target is met; forced 1.016 s vs 1.208 s, 0.840x, not
 met (no padding to remove; docs/performance.md, "Against TRL, phase by phase";
 `benchmarks/op_profile.py` for the floor).
+
+`--device auto` (the default) runs both sides on the GPU where there is one (ours with
+`train.device`, TRL's through accelerate), every timed span ending with a synchronise; on a CPU
+machine both run on the CPU as before.
 
 Each side's phases are printed too: ours from the trainer's `timing/*` metrics; TRL's by timing
 its `_generate` and `_get_per_token_logps_and_entropies` (without grad: the old log-probs; with
@@ -60,7 +65,8 @@ OUR_PHASES = {"rollout": "rollout", "old log-prob forward": "old_logprobs",
               "policy update (forward, backward, optimiser)": "policy_update"}
 
 
-def ours(policy: str, run_dir: str, forced: bool, threads: int):
+def ours(policy: str, run_dir: str, forced: bool, threads: int, device: torch.device,
+         overrides: list[str]):
     from primekit.factory import build_rl_trainer
 
     cfg = load_config(resolve_config("tiny"), [
@@ -68,17 +74,22 @@ def ours(policy: str, run_dir: str, forced: bool, threads: int):
         "algorithm.reward_mode=outcome", "algorithm.estimator=rloo", "filter.enabled=false",
         "train.prompts_per_step=16", "rollout.n_samples=4", "rollout.max_new_tokens=64",
         "policy.old_logprobs=recompute", "policy.ppo_epochs=1", "policy.mini_batch_size=64",
-        "policy.micro_batch_size=64", f"train.threads={threads}"])
+        "policy.micro_batch_size=64", f"train.threads={threads}", f"train.device={device.type}",
+        *overrides])
     trainer = build_rl_trainer(cfg)
     if forced:
         trainer.engine.eos_token_ids = [-1]  # no token has this id: every row runs 64 tokens
 
     state = trainer.sampler.state_dict()
 
+    sync = synchronize(device)
+
     def step() -> tuple[float, dict[str, float]]:
         trainer.sampler.load_state_dict(state)  # the same 16 prompts at every step, as TRL's
+        sync()
         start = time.perf_counter()
         metrics = trainer.train_step()
+        sync()
         seconds = time.perf_counter() - start
         trainer.step += 1
         phases = {name: metrics[f"timing/{key}"] for name, key in OUR_PHASES.items()}
@@ -88,7 +99,13 @@ def ours(policy: str, run_dir: str, forced: bool, threads: int):
     return trainer, step
 
 
-def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
+def synchronize(device: torch.device):
+    """A callable that waits for the device's queued work (a no-op on the CPU)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool,
+             device: torch.device):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -99,11 +116,15 @@ def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
     def reward(prompts, completions, **_):
         return [verifier.verify(c, by_prompt[p]).score for p, c in zip(prompts, completions)]
 
+    sync = synchronize(device)
+
     class Timer(TrainerCallback):
         def on_step_begin(self, *a, **k):
+            sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, *a, **k):
+            sync()
             self.seconds = time.perf_counter() - self.start
 
     # The step's phases, timed by wrapping TRL's own methods (calls within a step are summed):
@@ -116,10 +137,12 @@ def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
 
         def wrapper(self, *args, **kwargs):
             key = name if name == "_generate" else f"{name}/grad={torch.is_grad_enabled()}"
+            sync()
             start = time.perf_counter()
             try:
                 return method(self, *args, **kwargs)
             finally:
+                sync()
                 spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
 
         setattr(GRPOTrainer, name, wrapper)
@@ -134,7 +157,7 @@ def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool):
                 output_dir=out, per_device_train_batch_size=64, num_generations=4,
                 max_completion_length=64, num_iterations=2, max_steps=1, beta=0.0,
                 learning_rate=1e-4, temperature=1.0, top_k=0, top_p=1.0, logging_steps=1,
-                report_to=[], save_strategy="no", use_cpu=True, bf16=False, fp16=False,
+                report_to=[], save_strategy="no", use_cpu=device.type == "cpu", bf16=False, fp16=False,
                 dataloader_num_workers=0, seed=0, gradient_checkpointing=False,
                 generation_kwargs={"min_new_tokens": 64} if forced else None)
             model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
@@ -165,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--forced", action="store_true", help="every row 64 tokens (no EOS stop)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="auto", help="auto: the GPU where there is one")
+    parser.add_argument("overrides", nargs="*",
+                        help="config overrides of our side, e.g. policy.max_tokens_per_micro_batch=0"
+                             " (padded rows)")
     args = parser.parse_args(argv)
     if missing_policy(args.policy):
         return 2
@@ -174,16 +201,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: TRL cannot be imported here ({e}); see the docstring for the venv")
         return 0
     torch.set_num_threads(args.threads)
+    from primekit.runtime import resolve_device
+
+    device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer, our_step = ours(args.policy, run_dir, args.forced, args.threads)
+        trainer, our_step = ours(args.policy, run_dir, args.forced, args.threads, device,
+                                 args.overrides)
         state = trainer.sampler.state_dict()
         idx = trainer.sampler.take(16)  # the prompts every step of ours draws
         trainer.sampler.load_state_dict(state)
         problems = [trainer.train_problems[i] for i in idx]
         prompts = [trainer.tokenizer.decode(trainer.train_prompt_ids[i]) for i in idx]
-        their_step = trl_side(args.policy, prompts, problems, trainer.verifier, args.forced)
+        their_step = trl_side(args.policy, prompts, problems, trainer.verifier, args.forced,
+                              device)
+        where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                 else f"{args.threads} thread(s)")
         print(f"TRL {trl.__version__}; 16 prompts x 4, max 64 new tokens"
-              f"{' forced' if args.forced else ' (EOS stops)'}, fp32, {args.threads} thread(s); "
+              f"{' forced' if args.forced else ' (EOS stops)'}, fp32, {where}; "
               f"{args.repeats} timed steps each after 1 warm-up, alternating", flush=True)
         our_step(), their_step()
         times: dict[str, list[float]] = {"primekit": [], "trl": []}

@@ -41,16 +41,22 @@ from primekit.models.hf import load_model, load_tokenizer, stop_token_ids
 PARAMS_7B = 7.6e9  # Qwen2.5-7B's parameter count; bf16: 2 bytes each
 
 
+def half_billion_config():
+    """Qwen2-0.5B's shape (494 M parameters), for random-weight models (no download)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                       max_position_embeddings=2048, tie_word_embeddings=True,
+                       torch_dtype="float32")
+
+
 def random_half_billion(tokenizer_dir: str, out: Path) -> Path:
     """A random-weight Qwen2 of 0.5B's shape, saved with the tokenizer at `tokenizer_dir`."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
-                         torch_dtype="float32")
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(half_billion_config())
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from primekit.algorithms import ESTIMATORS
 from primekit.config import Config, ConfigError
 from primekit.models import memory as mem
+from primekit.trainer.collect import MIN_PASS_RATE, round_prompts
 
 # vLLM's own default for `gpu_memory_utilization` (the share of GPU memory it reserves for its
 # weights and KV cache), used while the config has no field for it.
@@ -153,6 +154,15 @@ def _model_states(plan: Plan, cfg: Config, shape: mem.ModelShape, *, critic: boo
         frozen("reference", P)
 
 
+def rollout_rows(cfg: Config, gpus: int) -> int:
+    """Rows of the HF engine's largest micro-batch on one rank: the largest rollout round
+    (`round_prompts` at the lowest pass rate, for this rank's share of train.prompts_per_step)
+    times rollout.n_samples, capped by rollout.micro_batch_size."""
+    need = -(-cfg.train.prompts_per_step // gpus)  # ceil, as the trainer's collect
+    largest = round_prompts(need, cfg.filter, MIN_PASS_RATE) * cfg.rollout.n_samples
+    return min(cfg.rollout.micro_batch_size, largest)
+
+
 def _rollout_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: int) -> float:
     """The rollout engine's persistent bytes (returned) and its phase. The HF engine samples from
     a full copy of the policy in the compute dtype; vLLM reserves its share of the GPU for
@@ -166,7 +176,7 @@ def _rollout_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: i
         plan.phases["rollout"] = [("KV cache", 0.0, "inside the vLLM reservation")]
         return engine
     engine = mem.model_params(shape) * cb
-    rows, seq = cfg.rollout.micro_batch_size, prompt_len + cfg.rollout.max_new_tokens
+    rows, seq = rollout_rows(cfg, plan.gpus), prompt_len + cfg.rollout.max_new_tokens
     plan.persistent.append(("rollout: policy weights (full copy)", engine,
                             f"{cfg.model.dtype}, unsharded"))
     plan.phases["rollout"] = [

@@ -161,3 +161,19 @@ def test_models_held_follow_the_config(shape_7b):
     assert set(rows) == {"policy: parameters (fp32 master)", "policy: gradients (fp32)",
                          "policy: AdamW state (fp32, 2 moments)", "rollout: vLLM reservation"}
     assert rows["rollout: vLLM reservation"] == 0.9 * 80 * GIB
+
+
+def test_rollout_rows_are_the_largest_round_capped_by_the_micro_batch():
+    from primekit.plan import rollout_rows
+
+    def rows(*overrides: str, gpus: int = 1) -> int:
+        return rollout_rows(load_config(resolve_config("tiny"), list(overrides)), gpus)
+
+    # the filter off: one round of every prompt, 4 prompts x 4 samples = 16 rows (below 256)
+    assert rows("filter.enabled=false", "train.prompts_per_step=4") == 16
+    # the filter on: at the lowest pass rate (0.1) a round samples 4 x 1.5 / 0.1 = 60 prompts,
+    # 240 rows; 5 prompts: ceil(75.0) = 75 prompts, 300 rows, capped at 256
+    assert rows("train.prompts_per_step=4") == 240
+    assert rows("train.prompts_per_step=5") == 256
+    # each of 8 ranks samples its ceil(33 / 8) = 5 prompts: filter off, 5 x 4 = 20 rows
+    assert rows("filter.enabled=false", "train.prompts_per_step=33", gpus=8) == 20

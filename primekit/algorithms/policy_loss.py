@@ -94,7 +94,8 @@ def value_loss(
       loss_t = 0.5 * max((V - R)^2, (V_clip - R)^2); clip=None gives 0.5 * (V - R)^2.
     Metrics: critic/loss, critic/clip_frac (clipped error is the larger), critic/values_mean,
     critic/returns_mean, critic/explained_var = 1 - Var(R - V) / Var(R) over valid tokens (0 with
-    fewer than two valid tokens); all detached 0-dim tensors.
+    fewer than two valid tokens or returns that do not vary, Var(R) = 0: nothing to explain, where
+    the ratio would be -inf or nan); all detached 0-dim tensors.
 
     Args: values [N, T] (with grad), old_values [N, T], returns [N, T], response_mask [N, T].
     Returns: (loss, metrics).
@@ -117,13 +118,15 @@ def value_loss(
     with torch.no_grad():
         m = response_mask.bool()
         v = values.detach()
-        explained = 1.0 - _masked_var(ret - v, m) / _masked_var(ret, m)
+        var_returns = _masked_var(ret, m)
+        defined = (m.sum() > 1) & (var_returns > 0)
+        explained = 1.0 - _masked_var(ret - v, m) / torch.where(defined, var_returns, 1.0)
         metrics = {
             "critic/loss": loss.detach(),
             "critic/clip_frac": masked_mean(clipped_active.float(), m),
             "critic/values_mean": masked_mean(v, m),
             "critic/returns_mean": masked_mean(ret, m),
-            "critic/explained_var": torch.where(m.sum() > 1, explained, torch.zeros_like(explained)),
+            "critic/explained_var": torch.where(defined, explained, torch.zeros_like(explained)),
         }
     return loss, metrics
 

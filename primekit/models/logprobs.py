@@ -167,6 +167,16 @@ def _flat_for_flash(model: torch.nn.Module, input_ids: torch.Tensor, position_id
     return input_ids, position_ids
 
 
+def _valid_columns(predict_index: torch.Tensor, device: torch.device,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed layout's valid response positions [n, T] (bool) and their flat predicting
+    columns [K], both on `device`. Selected where predict_index lives (the CPU, as the layout
+    builds it), so that a GPU never waits for a data-dependent size (K) mid-pass."""
+    valid = predict_index >= 0  # [n, T]
+    flat = predict_index[valid]  # [K]
+    return valid.to(device), flat.to(device)
+
+
 def _score_packed(model: PreTrainedModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
                   predict_index: torch.Tensor, temperature: float, compute_entropy: bool,
                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -176,17 +186,15 @@ def _score_packed(model: PreTrainedModel, input_ids: torch.Tensor, position_ids:
     backbone, head, softcap = _backbone_and_head(model)
     device = next(model.parameters()).device
     ids, pos = _flat_for_flash(model, input_ids.to(device), position_ids.to(device))
-    index = predict_index.to(device)
+    valid, flat = _valid_columns(predict_index, device)  # [n, T], [K]
     hidden = backbone(input_ids=ids, attention_mask=None, position_ids=pos,
                       use_cache=False).last_hidden_state  # [R, C, H]
-    valid = index >= 0  # [n, T]
-    flat = index[valid]  # [K]
     hidden = hidden.reshape(-1, hidden.shape[-1])[flat]  # [K, H]
     targets = ids.reshape(-1)[flat + 1]  # [K]
     lp, ent = _head_chunks(hidden[None], targets[None], head, temperature, softcap,
                            compute_entropy, chunk_size)  # [1, K]
-    logprobs = lp.new_zeros(index.shape).masked_scatter(valid, lp[0])  # [n, T]
-    entropy = ent.new_zeros(index.shape).masked_scatter(valid, ent[0]) if compute_entropy else None
+    logprobs = lp.new_zeros(valid.shape).masked_scatter(valid, lp[0])  # [n, T]
+    entropy = ent.new_zeros(valid.shape).masked_scatter(valid, ent[0]) if compute_entropy else None
     return logprobs, entropy
 
 
@@ -227,7 +235,7 @@ def micro_batch_logprobs(model: PreTrainedModel, mb: MicroBatch, *, compute_entr
         return sequence_logprobs(model, mb.input_ids.to(device), None, mb.response_len,
                                  compute_entropy=compute_entropy,
                                  position_ids=mb.position_ids.to(device),
-                                 predict_index=mb.predict_index.to(device))
+                                 predict_index=mb.predict_index)
     return sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                              mb.response_len, compute_entropy=compute_entropy)
 
@@ -279,9 +287,9 @@ def critic_values(critic: PreTrainedModel, input_ids: torch.Tensor,
         out = critic(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
                      use_cache=False)
         values = out.logits[..., 0].reshape(-1)  # [R*C]
-        valid = predict_index >= 0  # [n, T]
-        picked = values[predict_index[valid]].to(torch.float32)  # [K]
-        return picked.new_zeros(predict_index.shape).masked_scatter(valid, picked)  # [n, T]
+        valid, flat = _valid_columns(predict_index, values.device)  # [n, T], [K]
+        picked = values[flat].to(torch.float32)  # [K]
+        return picked.new_zeros(valid.shape).masked_scatter(valid, picked)  # [n, T]
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
     out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     values = out.logits[..., 0]  # [N, L]
@@ -294,7 +302,7 @@ def micro_batch_values(critic: PreTrainedModel, mb: MicroBatch) -> torch.Tensor:
     device = next(critic.parameters()).device
     if mb.packed:
         return sequence_values(critic, mb.input_ids.to(device), None, mb.response_len,
-                               mb.position_ids.to(device), mb.predict_index.to(device))
+                               mb.position_ids.to(device), mb.predict_index)
     return sequence_values(critic, mb.input_ids.to(device), mb.attention_mask.to(device),
                            mb.response_len)
 

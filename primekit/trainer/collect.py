@@ -78,6 +78,19 @@ def _split_groups(batch: RolloutBatch, problems: list[Problem], verdicts: list[V
             for g in range(0, rows.numel(), K)]
 
 
+# The lowest pass rate a round is scaled by: however few groups have passed the filter so far, a
+# round samples at most filter.oversample / MIN_PASS_RATE times the groups it is missing.
+MIN_PASS_RATE = 0.1
+
+
+def round_prompts(missing: int, filt: FilterConfig, pass_rate: float) -> int:
+    """Prompts one rollout round samples for `missing` groups: all of them without the filter,
+    else missing x filter.oversample / max(pass_rate, MIN_PASS_RATE), rounded up."""
+    if not filt.enabled:
+        return missing
+    return ceil(missing * filt.oversample / max(pass_rate, MIN_PASS_RATE))
+
+
 def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: FilterConfig,
                    pad_id: int, per_task: bool = False, carry: GroupCarry | None = None,
                    ) -> tuple[Experience | None, dict]:
@@ -109,13 +122,10 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
     while len(kept) < need and rounds < filt.max_rounds:
         rounds += 1
         missing = need - len(kept)
-        n_prompts = missing
-        if filt.enabled:
-            # Rounds scale by the pass rate of every step so far (this one included), so
-            # neither the first round nor a last missing group or two costs a round each.
-            seen, passed = carry.seen + groups_seen, carry.passed + groups_passed
-            rate = passed / seen if seen else 1.0
-            n_prompts = ceil(missing * filt.oversample / max(rate, 0.1))
+        # Rounds scale by the pass rate of every step so far (this one included), so neither
+        # the first round nor a last missing group or two costs a round each.
+        seen, passed = carry.seen + groups_seen, carry.passed + groups_passed
+        n_prompts = round_prompts(missing, filt, passed / seen if seen else 1.0)
         batch, problems, verdicts = rollout_round(n_prompts)
         sampled_tokens += int(batch.response_mask.sum())
         scores = torch.tensor([v.score for v in verdicts])  # [n*K]

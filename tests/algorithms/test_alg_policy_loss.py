@@ -75,6 +75,14 @@ def test_value_loss_hand():
     # a single valid token has no variance: explained_var is reported as 0
     _, m1 = value_loss(v, old, ret, torch.tensor([[1, 0]]), clip=0.2)
     assert float(m1["critic/explained_var"]) == 0.0
+    # returns that do not vary (every response of a micro-batch wrong, outcome reward only: R = 0)
+    # leave nothing to explain: 0, not 1 - Var(R - V) / 0 = -inf (found on a GPU, 2026-12-05)
+    _, m0 = value_loss(v, old, torch.zeros(1, 2), torch.ones(1, 2), clip=0.2)
+    assert float(m0["critic/explained_var"]) == 0.0
+    # values equal to constant returns: 1 - 0 / 0 would be nan
+    _, mc = value_loss(torch.full((1, 2), 0.5), old, torch.full((1, 2), 0.5), torch.ones(1, 2),
+                       clip=None)
+    assert float(mc["critic/explained_var"]) == 0.0
 
 
 def test_loss_metrics_are_detached_scalar_tensors():
