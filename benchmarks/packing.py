@@ -180,12 +180,31 @@ def main(argv: list[str] | None = None) -> int:
     where = f"{device}" if device.type != "cpu" else f"{args.threads} thread(s)"
     print(f"{what}, {valid} tokens, {params:.1f} M parameters, {args.dtype}, {where}, "
           f"forward + backward, seconds")
-    print(f"{'layout':18} {'padding':>8} {'n':>3} {'median':>8} {'min':>8} {'max':>8} {'vs padded':>9}")
+    build = layout_build_ms(batches, variants)
+    print(f"{'layout':18} {'padding':>8} {'n':>3} {'median':>8} {'min':>8} {'max':>8} "
+          f"{'vs padded':>9} {'build ms':>9}")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"{name:18} {100 * (1 - valid / computed[name]):7.1f}% {len(ts):3d} {med:8.3f} "
-              f"{min(ts):8.3f} {max(ts):8.3f} {med / base:8.3f}x")
+              f"{min(ts):8.3f} {max(ts):8.3f} {med / base:8.3f}x {build[name]:9.2f}")
+    print("build ms: the host time to cut the batches into that layout's micro-batches "
+          "(rollout.batching.iter_layout), median of 20, included in the pass times")
     return 0
+
+
+def layout_build_ms(batches: list[RolloutBatch], variants: dict) -> dict[str, float]:
+    """Median milliseconds (of 20) to build each variant's micro-batches of all `batches`."""
+    out = {}
+    for name, (layout, factors) in variants.items():
+        batching.PACKED_ROW_FACTORS = factors
+        ts = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            for b in batches:
+                list(iter_layout(b, layout))
+            ts.append(1000 * (time.perf_counter() - t0))
+        out[name] = statistics.median(ts)
+    return out
 
 
 if __name__ == "__main__":

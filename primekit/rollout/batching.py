@@ -169,31 +169,38 @@ def _packed_row_width(lengths: tuple[int, ...], factors: tuple[float, ...]) -> i
 def packed_micro_batch(batch: RolloutBatch, rows: torch.Tensor) -> MicroBatch:
     """The padding-free model inputs of `rows`: their sequences (prompt + response, no padding)
     placed first-fit decreasing in packed rows of `packed_row_width` columns."""
-    P = batch.prompt_ids.size(1)
-    p_len = batch.prompt_mask[rows].sum(1).tolist()  # [n]
-    t_len = batch.response_mask[rows].sum(1).tolist()  # [n]
-    lengths = [p + t for p, t in zip(p_len, t_len)]
+    prompt_mask = batch.prompt_mask[rows].bool()  # [n, P], left-padded
+    response_mask = batch.response_mask[rows].bool()  # [n, T], right-padded
+    p_len, t_len = prompt_mask.sum(1), response_mask.sum(1)  # [n]
+    lengths = (p_len + t_len).tolist()
     C = packed_row_width(lengths, PACKED_ROW_FACTORS)  # read at call time (benchmarks vary it)
     free, place = first_fit_decreasing(lengths, C)
+    # Each sequence's first flat column r * C + c, and its tokens end to end: the valid prompt
+    # tokens then the valid response tokens of each row, rows in order ([S] in all).
+    start = torch.tensor([r * C + c for r, c in place])  # [n]
+    tokens = torch.cat([batch.prompt_ids[rows], batch.response_ids[rows]], 1)[
+        torch.cat([prompt_mask, response_mask], 1)]  # [S]
+    seq_len = p_len + t_len  # [n]
+    offset = torch.arange(len(tokens)) - torch.repeat_interleave(
+        seq_len.cumsum(0) - seq_len, seq_len)  # [S], each token's position in its sequence
+    column = torch.repeat_interleave(start, seq_len) + offset  # [S], flat columns of [r, C]
     # Padding columns are never attended to from a sequence nor read: any id will do.
-    input_ids = torch.zeros((len(free), C), dtype=batch.prompt_ids.dtype)  # [r, C]
-    position_ids = torch.arange(C).repeat(len(free), 1)  # [r, C]; trailing padding: own segment
-    t = max(max(t_len), 1)
-    predict_index = torch.full((len(lengths), t), -1)  # [n, t]
-    for i, row in enumerate(rows.tolist()):
-        r, c = place[i]
-        p, n_resp = p_len[i], t_len[i]
-        seq = torch.cat([batch.prompt_ids[row, P - p :], batch.response_ids[row, :n_resp]])
-        input_ids[r, c : c + p + n_resp] = seq
-        position_ids[r, c : c + p + n_resp] = torch.arange(p + n_resp)
-        # Response token j sits at column c + p + j, predicted by the column before it.
-        predict_index[i, :n_resp] = r * C + c + p - 1 + torch.arange(n_resp)
+    input_ids = torch.zeros(len(free) * C, dtype=batch.prompt_ids.dtype)  # [r*C]
+    input_ids[column] = tokens
+    position_ids = torch.arange(C).repeat(len(free))  # [r*C]; trailing padding: own segment
+    position_ids[column] = offset
+    position_ids = position_ids.view(len(free), C)
     # Padding after the last sequence of a row restarts at 0, so it is a segment of its own.
     for r, f in enumerate(free):
         if f:
             position_ids[r, C - f :] = torch.arange(f)
-    response_mask = batch.response_mask[rows, :t].bool()  # [n, t]
-    return MicroBatch(rows, input_ids, None, t, response_mask, position_ids, predict_index)
+    # Response token j of sequence i sits at column start + p + j, predicted by the one before.
+    t = max(int(t_len.max()), 1)
+    j = torch.arange(t)  # [t]
+    predict_index = torch.where(j < t_len[:, None], (start + p_len - 1)[:, None] + j,
+                                -1)  # [n, t]
+    return MicroBatch(rows, input_ids.view(len(free), C), None, t, response_mask[:, :t],
+                      position_ids, predict_index)
 
 
 def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout,
@@ -209,13 +216,16 @@ def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout
     t_len = batch.response_mask[rows].sum(1)  # [n]
     groups = rows.view(-1, k)  # [n/k, k]
     g_p, g_t = p_len.view(-1, k), t_len.view(-1, k)  # [n/k, k]
-    g_len = (g_p + g_t).max(1).values  # [n/k], the group's longest sequence
+    # Per group, as Python ints (one conversion each, not one per group): its longest prompt,
+    # longest response, longest sequence and total tokens.
+    p_max, t_max = g_p.max(1).values.tolist(), g_t.max(1).values.tolist()
+    g_len, g_sum = (g_p + g_t).max(1).values.tolist(), (g_p + g_t).sum(1).tolist()
     # Sorted by length (ties by position, so the order is deterministic).
-    order = sorted(range(len(groups)), key=lambda g: (-int(g_len[g]), g))
+    order = sorted(range(len(groups)), key=lambda g: (-g_len[g], g))
     chunk: list[int] = []
     max_p = max_t = total = 0
     for g in order:
-        gp, gt, gl = int(g_p[g].max()), int(g_t[g].max()), int((g_p[g] + g_t[g]).sum())
+        gp, gt, gl = p_max[g], t_max[g], g_sum[g]
         if layout.packed:
             cost = total + gl
         else:

@@ -67,6 +67,42 @@ def test_packed_micro_batch_by_hand():
     assert mb.tokens_computed == 10  # 9 tokens + 1 padding
 
 
+def _packed_micro_batch_loop(b: RolloutBatch, rows: torch.Tensor):
+    """packed_micro_batch written one sequence at a time (its first version): the reference."""
+    P = b.prompt_ids.size(1)
+    p_len = b.prompt_mask[rows].sum(1).tolist()
+    t_len = b.response_mask[rows].sum(1).tolist()
+    lengths = [p + t for p, t in zip(p_len, t_len)]
+    C = packed_row_width(lengths)
+    free, place = first_fit_decreasing(lengths, C)
+    input_ids = torch.zeros((len(free), C), dtype=b.prompt_ids.dtype)
+    position_ids = torch.arange(C).repeat(len(free), 1)
+    t = max(max(t_len), 1)
+    predict_index = torch.full((len(lengths), t), -1)
+    for i, row in enumerate(rows.tolist()):
+        (r, c), p, n = place[i], p_len[i], t_len[i]
+        input_ids[r, c : c + p + n] = torch.cat([b.prompt_ids[row, P - p :], b.response_ids[row, :n]])
+        position_ids[r, c : c + p + n] = torch.arange(p + n)
+        predict_index[i, :n] = r * C + c + p - 1 + torch.arange(n)
+    for r, f in enumerate(free):
+        if f:
+            position_ids[r, C - f :] = torch.arange(f)
+    return input_ids, position_ids, predict_index, b.response_mask[rows, :t].bool()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_micro_batch_equals_the_loop_reference(seed):
+    b = _random_batch(24, seed)
+    b.response_mask[5, :] = 0  # a row with an empty response: prompt only, no prediction
+    g = torch.Generator().manual_seed(seed)
+    for rows in (torch.arange(24), torch.randperm(24, generator=g)[:13]):  # a mini-batch's rows
+        mb = packed_micro_batch(b, rows)
+        ids, pos, pred, mask = _packed_micro_batch_loop(b, rows)
+        assert torch.equal(mb.input_ids, ids) and torch.equal(mb.position_ids, pos)
+        assert torch.equal(mb.predict_index, pred) and torch.equal(mb.response_mask, mask)
+        assert mb.response_len == pred.shape[1] and torch.equal(mb.rows, rows)
+
+
 @pytest.mark.parametrize(("lengths", "width", "rows"), [
     # Widths int(f * 10) for f in 1, 1.25, 1.5, 1.75, 2: 10, 12, 15, 17, 20 (total 30).
     # FFD: 10 -> (10)(9)(6)(5) 40; 12 -> (10)(9)(6 5) 36; 15 -> (10 5)(9 6) 30;
