@@ -81,10 +81,22 @@ def test_op_profile(tiny_model_dir, tmp_path):
 def test_packing(tiny_model_dir, tmp_path):
     out = run_benchmark("packing", "--rows", 8, "--rounds", 1, "--model", tiny_model_dir,
                         tmp_path=tmp_path)
-    assert_line(r"^8 rows, \d+ tokens, 1 thread\(s\), forward \+ backward, seconds", out)
-    assert_line(r"^layout +padding +n +median +min +max +vs padded$", out)
+    assert_line(r"^8 rows \(micro-batches of 8\), \d+ tokens, 1\.1 M parameters, float32, "
+                r"1 thread\(s\), forward \+ backward, seconds", out)
+    assert_line(r"^layout +padding +n +median +min +max +vs padded +build ms$", out)
+    row = rf" +{NUMBER}% +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}$"
     for layout in ("padded-rows", "sorted-512", "packed-chosen", "packed-one-row"):
-        assert_line(rf"^{layout} +{NUMBER}% +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}x$", out)
+        assert_line(rf"^{layout}{row}", out)
+    # The long-batch options (the paper's regime, scaled down): micro-batches of 4 rows, the
+    # budgets given, bf16; packed-one-row and packed-chosen-1024 left out at these lengths.
+    out = run_benchmark("packing", "--rows", 8, "--micro-rows", 4, "--prompt-max", 100,
+                        "--response-max", 128, "--budgets", 1024, "--packed-budget", 1024,
+                        "--dtype", "bfloat16", "--rounds", 1, "--model", tiny_model_dir,
+                        tmp_path=tmp_path)
+    assert_line(r"^8 rows \(micro-batches of 4\), \d+ tokens, .* bfloat16, ", out)
+    for layout in ("padded-rows", "sorted-1024", "packed-chosen"):
+        assert_line(rf"^{layout}{row}", out)
+    assert "packed-one-row" not in out and "sorted-512" not in out
 
 
 def test_sft_step(tiny_model_dir, tmp_path):
