@@ -150,7 +150,8 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
 TUNING_SPECS = ("prm-settings", "prm-init-tuning", "rgym-policy-warmup")
 # Packaged specs that add seeds to one task family of a two-family claim (spec -> that claim).
 MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo",
-                    "demo-prime-vs-rloo-6-seeds-chains": "demo-prime-vs-rloo"}
+                    "demo-prime-vs-rloo-6-seeds-chains": "demo-prime-vs-rloo",
+                    "online-vs-frozen-prm-6-seeds": "online-vs-frozen-prm"}
 # Packaged specs that ask a two-family claim on one more family (spec -> that claim, and the
 # common overrides it may change: settings chosen for that family on tuning seeds).
 MORE_FAMILIES_SPECS = {"demo-prime-vs-rloo-rgym": ("demo-prime-vs-rloo", ()),
