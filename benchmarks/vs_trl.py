@@ -35,7 +35,10 @@ With the packed micro-batches the tiny config has since (2026-12-05, the same ma
 0.344 s vs 0.540 s, 0.638x (a second run 0.642x; rollout 0.098 vs 0.179 s, old log-probs 0.061 vs
 0.082 s, update 0.182 vs 0.282 s): the 0.67x target is met; forced 1.016 s vs 1.208 s, 0.840x, not
 met (no padding to remove; docs/performance.md, "Against TRL, phase by phase";
-`benchmarks/op_profile.py` for the floor).
+`benchmarks/op_profile.py` for the floor). On one H100 (2026-12-05, both sides on the GPU):
+0.810x at EOS and 0.770x forced (packed), 0.733x at EOS with padded rows
+(`policy.max_tokens_per_micro_batch=0`): our rollout is 0.63-0.68x `generate`'s and three
+quarters of the step (docs/performance.md, "On one H100").
 
 `--device auto` (the default) runs both sides on the GPU where there is one (ours with
 `train.device`, TRL's through accelerate), every timed span ending with a synchronise; on a CPU
