@@ -37,8 +37,8 @@ With the packed micro-batches the tiny config has since (2026-12-05, the same ma
 met (no padding to remove; docs/performance.md, "Against TRL, phase by phase";
 `benchmarks/op_profile.py` for the floor). On one H100 (2026-12-05, both sides on the GPU):
 0.810x at EOS and 0.770x forced (packed), 0.733x at EOS with padded rows
-(`policy.max_tokens_per_micro_batch=0`): our rollout is 0.63-0.68x `generate`'s and three
-quarters of the step (docs/performance.md, "On one H100").
+(`policy.max_tokens_per_micro_batch=0`): our rollout is 0.63-0.68x `generate`'s and 69-76%
+of the step (docs/performance.md, "On one H100").
 
 `--device auto` (the default) runs both sides on the GPU where there is one (ours with
 `train.device`, TRL's through accelerate), every timed span ending with a synchronise; on a CPU
