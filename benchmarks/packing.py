@@ -44,6 +44,7 @@ import tempfile
 import time
 
 import torch
+from common import half_billion_config, synchronize
 
 from primekit.models.logprobs import micro_batch_logprobs
 from primekit.rollout import batching
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="time real demo batches sampled by this SFT model (and score with it)")
     parser.add_argument("--batches", type=int, default=3, help="with --sampled: steps sampled")
     parser.add_argument("--random-0.5b", dest="random_half", action="store_true",
-                        help="a random-weight model of Qwen2-0.5B's shape (weight_sync.py's)")
+                        help="a random-weight model of Qwen2-0.5B's shape")
     parser.add_argument("--prompt-max", type=int, default=40, help="synthetic batch: longest prompt")
     parser.add_argument("--response-max", type=int, default=64,
                         help="synthetic batch: longest response")
@@ -117,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model or args.sampled
     if args.random_half:
         from transformers import Qwen2ForCausalLM
-        from weight_sync import half_billion_config
 
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(half_billion_config())
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.response_max > 64:  # a 1024-token budget holds less than one group
         del variants["packed-chosen-1024"]
     valid = sum(int(b.prompt_mask.sum() + b.response_mask.sum()) for b in batches)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = synchronize(device)
 
     def run(name: str) -> int:
         layout, factors = variants[name]

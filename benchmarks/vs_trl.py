@@ -59,7 +59,7 @@ import tempfile
 import time
 
 import torch
-from common import add_policy_argument, missing_policy
+from common import add_policy_argument, missing_policy, synchronize
 
 from primekit.config import load_config, resolve_config
 
@@ -100,11 +100,6 @@ def ours(policy: str, run_dir: str, forced: bool, threads: int, device: torch.de
         return seconds, phases
 
     return trainer, step
-
-
-def synchronize(device: torch.device):
-    """A callable that waits for the device's queued work (a no-op on the CPU)."""
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
 def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool,

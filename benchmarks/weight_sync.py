@@ -34,21 +34,11 @@ import time
 from pathlib import Path
 
 import torch
-from common import add_policy_argument, missing_policy
+from common import add_policy_argument, half_billion_config, missing_policy
 
 from primekit.models.hf import load_model, load_tokenizer, stop_token_ids
 
 PARAMS_7B = 7.6e9  # Qwen2.5-7B's parameter count; bf16: 2 bytes each
-
-
-def half_billion_config():
-    """Qwen2-0.5B's shape (494 M parameters), for random-weight models (no download)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                       num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                       max_position_embeddings=2048, tie_word_embeddings=True,
-                       torch_dtype="float32")
 
 
 def random_half_billion(tokenizer_dir: str, out: Path) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass, field
+from math import ceil
 
 from primekit.algorithms import ESTIMATORS
 from primekit.config import Config, ConfigError
@@ -158,7 +159,7 @@ def rollout_rows(cfg: Config, gpus: int) -> int:
     """Rows of the HF engine's largest micro-batch on one rank: the largest rollout round
     (`round_prompts` at the lowest pass rate, for this rank's share of train.prompts_per_step)
     times rollout.n_samples, capped by rollout.micro_batch_size."""
-    need = -(-cfg.train.prompts_per_step // gpus)  # ceil, as the trainer's collect
+    need = ceil(cfg.train.prompts_per_step / gpus)  # as the trainer's collect
     largest = round_prompts(need, cfg.filter, MIN_PASS_RATE) * cfg.rollout.n_samples
     return min(cfg.rollout.micro_batch_size, largest)
 
