@@ -47,20 +47,33 @@ def sample_next_token(
         # Drop a token when the mass strictly before it already reaches top_p.
         probs = probs.masked_fill(probs.cumsum(-1) - probs >= params.top_p, 0.0)
     cdf = probs.cumsum(-1)  # [n, V]
-    device = generator.device if generator is not None else probs.device
-    u = torch.rand(probs.shape[0], generator=generator, device=device, dtype=cdf.dtype)  # [n]
-    x = u.to(probs.device) * cdf[:, -1]  # [n], in [0, total mass)
+    total = cdf[:, -1]  # [n]
+    u = _uniform(probs.shape[0], cdf.dtype, probs.device, generator)  # [n]
+    # Rounding can make u * total equal to the total, past every token: x is kept below it, so
+    # the search lands on the last token whose probability adds to the mass (> 0). Clamping in
+    # place of testing for that case keeps the step free of a host-device synchronisation.
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # [n]
     tokens = torch.searchsorted(cdf, x[:, None], right=True).squeeze(-1)  # [n]
-    # Rounding can make u * total equal to the total (index V): take the last token with
-    # probability > 0, which is where x just below the total lands.
-    over = tokens >= probs.shape[-1]
-    if bool(over.any()):
-        positive = probs[over] > 0  # [m, V]
-        last = positive.shape[-1] - 1 - positive.flip(-1).int().argmax(-1)  # [m]
-        tokens = tokens.masked_scatter(over, last)
     if order is not None:
         tokens = order.gather(-1, tokens[:, None]).squeeze(-1)  # back to vocabulary ids
     return tokens, all_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _uniform(n: int, dtype: torch.dtype, device: torch.device,
+             generator: torch.Generator | None) -> torch.Tensor:
+    """n draws of U[0, 1) from `generator` (the global generator when None), on `device`.
+
+    The trainer's generators live on the CPU (a resumed run restores their state). Sampling on
+    a GPU then copies the draws over: from pinned memory and without blocking, since a copy from
+    ordinary host memory waits for all the work queued on the device, once per decode step.
+    """
+    source = generator.device if generator is not None else device
+    u = torch.rand(n, generator=generator, device=source, dtype=dtype)  # [n]
+    if u.device == device:
+        return u
+    if device.type == "cuda":
+        return u.pin_memory().to(device, non_blocking=True)
+    return u.to(device)
 
 
 def preallocated_cache(config, capacity: int):
@@ -86,11 +99,10 @@ def preallocated_cache(config, capacity: int):
     return cache
 
 
-def _fill_holes(still: torch.Tensor) -> torch.Tensor:
-    """The slot order after dropping finished rows: still [m] bool -> order [m'] (m' live
-    rows), order[j] = the old slot of new slot j. Live rows below m' stay where they are; the
-    live rows at m' and beyond fill the finished slots below m', in order."""
-    m_new = int(still.sum())
+def _fill_holes(still: torch.Tensor, m_new: int) -> torch.Tensor:
+    """The slot order after dropping finished rows: still [m] bool, m_new = still.sum() ->
+    order [m_new], order[j] = the old slot of new slot j. Live rows below m_new stay where they
+    are; the live rows at m_new and beyond fill the finished slots below m_new, in order."""
     order = torch.arange(m_new, device=still.device)
     holes = (~still[:m_new]).nonzero().flatten()  # finished slots that must be filled
     order[holes] = m_new + still[m_new:].nonzero().flatten()  # as many live rows beyond m'
@@ -360,21 +372,23 @@ class HFRolloutEngine:
         m = n  # attn_buf[:m] are the rows in the cache, in the order of `rows`
         next_pos = positions[:, -1] + 1  # [m]
         for t in range(T):
-            tokens, token_logprobs = sample_next_token(logits, params, generator)
-            alive = ~finished[rows]  # [m]
-            live_rows = rows[alive]
-            response_ids[live_rows, t] = tokens[alive]
-            response_mask[live_rows, t] = 1
-            logprobs[live_rows, t] = token_logprobs[alive].float()
-            finished[live_rows] = torch.isin(tokens[alive], eos)
-            if t == T - 1 or bool(finished.all()):
+            # Every row in the cache is live: finished rows leave it at the step they finish.
+            tokens, token_logprobs = sample_next_token(logits, params, generator)  # [m], [m]
+            response_ids[rows, t] = tokens
+            response_mask[rows, t] = 1
+            logprobs[rows, t] = token_logprobs.float()
+            still = ~torch.isin(tokens, eos)  # [m]
+            finished[rows] = ~still
+            if t == T - 1:
                 break
-            still = ~finished[rows]  # [m]
+            live = int(still.sum())  # the step's one read of a device value on the host
+            if live == 0:
+                break
             # Drop finished rows as soon as there are any: the live rows beyond the new batch
             # size move into the finished rows' slots below it (a copy of as many rows as
             # finished, not of the whole cache), so no forward carries a finished row.
-            if not bool(still.all()):
-                order = _fill_holes(still)  # [m'] the old slot of each new slot
+            if live < m:
+                order = _fill_holes(still, live)  # [m'] the old slot of each new slot
                 m = len(order)
                 moved = (order != torch.arange(m, device=device)).nonzero().flatten()
                 for layer in cache.layers:
@@ -386,10 +400,10 @@ class HFRolloutEngine:
                 if blocker is None:
                     bias_buf[moved] = bias_buf[order[moved]]
                 rows, tokens, next_pos = rows[order], tokens[order], next_pos[order]
-                still = still[order]
-            attn_buf[:m, P + t] = still.long()
+            # Every row left in the cache is live and attends its new position.
+            attn_buf[:m, P + t] = 1
             attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
-            if blocker is None:  # every row in the cache is live: it attends its new position
+            if blocker is None:
                 bias_buf[:m, P + t] = 0
                 logits = decode_step(weights, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
             else:

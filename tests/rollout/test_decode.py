@@ -229,3 +229,35 @@ def _compare_on(device: str, dtype: torch.dtype) -> None:
     assert out["auto_path"] == "written-out"
     if dtype == torch.float32:
         assert torch.equal(out["auto"].response_ids, out["model"].response_ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sampling_on_cuda_reads_the_device_once_per_step():
+    # Every host read of a device value (a boolean mask's index, `bool(t.any())`, a copy from
+    # ordinary host memory) stops the host until the device has caught up; in a decode loop
+    # bound by kernel launches that idles the device once per read. The loop reads one value per
+    # step (how many rows are still live). Counted with torch's sync debug mode as the
+    # difference between 24 and 8 forced steps (EOS never drawn), so the reads before and after
+    # the loop cancel: at most one per step.
+    import warnings
+
+    model = _tiny("qwen2", dtype=torch.float32).to("cuda")
+    engine = HFRolloutEngine(model, _Tokenizer(), eos_token_ids=[10**6])
+
+    def syncs(steps: int) -> int:
+        params = SamplingParams(temperature=1.0, max_new_tokens=steps)
+        engine.generate(PROMPTS, params, torch.Generator().manual_seed(0))  # warm (allocators)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                engine.generate(PROMPTS, params, torch.Generator().manual_seed(1))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    few, many = syncs(8), syncs(24)
+    assert engine.decode_path == "written-out"
+    assert many - few <= 24 - 8, (few, many)
