@@ -195,8 +195,8 @@ def _preallocated_layer_class(base: type) -> type:
 class HFRolloutEngine:
     """Batched sampling from the live policy with a KV cache.
 
-    Rows that produced EOS leave the batch at the step they finish, and the loop ends when every row has finished or max_new_tokens is
-    reached. The model is put in eval mode for generation and restored afterwards. Returned
+    Rows that produced EOS leave the batch at the step they finish, and the loop ends when
+    every row has finished or max_new_tokens is reached. The model is put in eval mode for generation and restored afterwards. Returned
     tensors are on the CPU, whatever the model's device (as vLLM's engine returns them: the
     trainer's log-prob passes move each micro-batch to their model's device); masks are int64
     (HF attention-mask convention).
