@@ -39,6 +39,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
+def grouped_bias(bias: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """bias [m, L] -> [m * groups, 1, L] in `dtype`: row i * groups + g is bias[i], the layout
+    of `single_query_attention`'s batched products (one batch entry per row and key/value head)."""
+    m, L = bias.shape
+    return bias[:, None, None, :].expand(m, groups, 1, L).reshape(m * groups, 1, L).to(dtype)
+
+
 def single_query_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -46,19 +53,19 @@ def single_query_attention(
 
     q [m, H, d]; keys, values [m, G, L, d] (G key/value heads, H = G * r query heads; query head
     h reads key/value head h // r, as transformers' `repeat_kv`); bias [m, L] (0 where a position
-    is attended, -inf where not; every row attends at least one position). Returns [m, H * d].
-    The softmax in float32 at least, the products in the inputs' dtype.
+    is attended, -inf where not; every row attends at least one position), or that bias already
+    as `grouped_bias(bias, G, q.dtype)` (the decode step makes it once for all its layers).
+    Returns [m, H * d]. The softmax in float32 at least, the products in the inputs' dtype.
     """
     m, H, d = q.shape
     G, L = keys.shape[1], keys.shape[2]
     r = H // G
+    if bias.dim() == 2:
+        bias = grouped_bias(bias, G, q.dtype)  # [m*G, 1, L]
     qg = q.reshape(m * G, r, d)  # [m*G, r, d]
     k = keys.reshape(m * G, L, d)  # [m*G, L, d] (a view of the cache when its rows are whole)
     v = values.reshape(m * G, L, values.shape[-1])  # [m*G, L, dv]
-    scores = torch.baddbmm(
-        bias[:, None, None, :].expand(m, G, 1, L).reshape(m * G, 1, L).to(q.dtype),
-        qg, k.transpose(1, 2), alpha=scale,
-    )  # [m*G, r, L]
+    scores = torch.baddbmm(bias, qg, k.transpose(1, 2), alpha=scale)  # [m*G, r, L]
     probs = scores.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
     return torch.bmm(probs, v).reshape(m, H * values.shape[-1])  # [m, H*dv]
 
@@ -90,6 +97,7 @@ def prepare_decode(model, cache) -> tuple[DecodeWeights | None, str | None]:
         weights = decode_weights(model)
     except AttributeError as e:  # an older transformers' modules name things otherwise
         return None, f"its modules lack what the step reads ({e})"
+    weights = rotary_table(weights, cache.layers[0].capacity)
     # Every module whose weights the step reads must be exactly what it assumes: a LoRA or
     # quantised wrapper (peft, bitsandbytes) computes something else from the same names.
     read = {"model.embed_tokens": (inner.embed_tokens, torch.nn.Embedding),
@@ -164,6 +172,10 @@ class DecodeWeights(NamedTuple):
     eps: float
     head: torch.Tensor  # [V, D]
     head_bias: torch.Tensor | None
+    # The rotary module's cos and sin for every position of the cache, [capacity, d], sin in the
+    # signed form the step applies (`rotary_table`); None: `rotary` is called every step.
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
 
 
 def decode_weights(model) -> DecodeWeights:
@@ -185,6 +197,33 @@ def decode_weights(model) -> DecodeWeights:
                          inner.norm.variance_epsilon, model.lm_head.weight, model.lm_head.bias)
 
 
+# Rope types whose frequencies depend on the sequence length seen so far (transformers'
+# `dynamic_rope_update`): their cos and sin cannot be tabulated ahead.
+_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [..., d] as [-sin_1, sin_2] (its first half negated): rotate_half(x) * sin ==
+    roll(x, d/2) * [-sin_1, sin_2] exactly (a sign moved), so the step rotates q and k with one
+    kernel instead of slices, a negation and a cat."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), -1)
+
+
+def rotary_table(w: DecodeWeights, capacity: int) -> DecodeWeights:
+    """`w` with the rotary module's cos and sin for positions 0 .. capacity-1 ([capacity, d]),
+    computed once, so that a decode step looks its rows' positions up instead of calling the
+    module (a dozen small operations per step). Bit-identical to the per-step call: every entry
+    is the cos or sin of position * inv_freq, elementwise. Rope types whose frequencies depend
+    on the length so far (dynamic NTK, LongRoPE) keep the per-step call (`w` unchanged)."""
+    if any(kind in str(getattr(w.rotary, "rope_type", "default"))
+           for kind in _LENGTH_DEPENDENT_ROPE):
+        return w
+    positions = torch.arange(capacity, device=w.embed.device)[None]  # [1, capacity]
+    cos, sin = w.rotary(w.embed[:1], positions)  # [1, capacity, d] each, the embedding's dtype
+    return w._replace(cos=cos[0], sin=_signed_sin(sin[0]))
+
+
 def decode_step(
     w: DecodeWeights, cache, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
 ) -> torch.Tensor:
@@ -196,17 +235,23 @@ def decode_step(
     (Qwen3 normalises q and k per head before the rotary embedding), then logits =
     lm_head(norm(h)). The new keys and values are appended to `cache`'s preallocated layers.
 
-    w: `decode_weights(model)`; tokens [m] (the rows of the cache, in its order), positions [m]
+    w: `prepare_decode`'s weights (`decode_weights(model)` calls the rotary module every
+    step instead of reading its table); tokens [m] (the rows of the cache, in its order), positions [m]
     (their position ids), bias [m, L] (L = cached positions + 1: 0 attended, -inf not).
     Returns logits [m, V].
     """
     h = F.embedding(tokens, w.embed)  # [m, D]
     m = h.shape[0]
-    cos, sin = w.rotary(h[:, None], positions[:, None])  # [m, 1, d] each
-    # rotate_half(x) * sin == roll(x, d/2) * [-sin_1, sin_2] exactly (a sign moved): one kernel
-    # for the rotation instead of slices, a negation and a cat, for every q and k.
+    if w.cos is not None:  # the table of every cache position
+        cos, sin = w.cos[positions][:, None], w.sin[positions][:, None]  # [m, 1, d] each
+    else:
+        cos, sin = w.rotary(h[:, None], positions[:, None])  # [m, 1, d] each
+        sin = _signed_sin(sin)
     half = cos.shape[-1] // 2
-    sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)  # [m, 1, d]
+    # Every layer has the same key/value heads and masks the same positions: the bias in the
+    # attention's layout once per step, not once per layer.
+    G = w.layers[0].k.shape[0] // w.layers[0].head_dim  # noqa: N806
+    bias = grouped_bias(bias, G, h.dtype)  # [m*G, 1, L]
     for lw, kv in zip(w.layers, cache.layers):
         n = rms_norm(h, lw.norm1, lw.eps1)  # [m, D]
         d = lw.head_dim

@@ -39,7 +39,8 @@ def sample_next_token(
         tokens = logits.argmax(-1)  # [n]
         logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
-    all_logprobs = torch.log_softmax(logits / params.temperature, -1)  # [n, V]
+    scaled = logits if params.temperature == 1 else logits / params.temperature  # [n, V]
+    all_logprobs = torch.log_softmax(scaled, -1)  # [n, V]
     probs = all_logprobs.exp()  # [n, V]
     order = None
     if params.top_p < 1:
@@ -364,7 +365,7 @@ class HFRolloutEngine:
             weights, blocker = prepare_decode(self.model, cache)
         self.decode_path = "written-out" if blocker is None else f"model forward ({blocker})"
         if blocker is None:
-            # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), kept beside attn_buf.
+            # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), in attn_buf's place.
             bias_buf = torch.zeros(attn_buf.shape, dtype=weights.embed.dtype, device=device)
             bias_buf.masked_fill_(attn_buf == 0, float("-inf"))
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
@@ -395,17 +396,16 @@ class HFRolloutEngine:
                         layer.move_rows(order[moved], moved, m)
                     else:  # a layer of transformers' own (sliding window ...)
                         layer.batch_select_indices(order)
-                attn_buf[moved] = attn_buf[order[moved]]
-                if blocker is None:
-                    bias_buf[moved] = bias_buf[order[moved]]
+                mask_buf = attn_buf if blocker is not None else bias_buf  # the one in use
+                mask_buf[moved] = mask_buf[order[moved]]
                 rows, tokens, next_pos = rows[order], tokens[order], next_pos[order]
             # Every row left in the cache is live and attends its new position.
-            attn_buf[:m, P + t] = 1
-            attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
             if blocker is None:
                 bias_buf[:m, P + t] = 0
                 logits = decode_step(weights, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
             else:
+                attn_buf[:m, P + t] = 1
+                attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
                 if mask_4d:
                     attn = attn.bool()[:, None, None, :]  # [m, 1, 1, P + t + 1]
                 logits = self._forward(

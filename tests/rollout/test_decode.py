@@ -60,7 +60,7 @@ def _step_logits(model, steps: int = 6):
     """Logits of `steps` decode steps after a left-padded prefill, through the model's forward
     and through `decode_step`, each over its own preallocated cache, fed the same tokens (the
     model path's argmax): ([steps, n, V], [steps, n, V])."""
-    from primekit.rollout.decode import decode_step, decode_weights
+    from primekit.rollout.decode import decode_step, decode_weights, rotary_table
     from primekit.rollout.hf import preallocated_cache
 
     n, P = len(PROMPTS), max(map(len, PROMPTS))
@@ -86,8 +86,10 @@ def _step_logits(model, steps: int = 6):
             logits = model(input_ids=tokens[:, None], attention_mask=attn[:, None, None, :P + t + 1],
                            position_ids=pos[:, None], use_cache=True,
                            **{kwarg: caches[0]}).logits[:, -1]
-            written = decode_step(decode_weights(model), caches[1], tokens, pos,
-                                  bias[:, :P + t + 1])
+            # The rotary table as `prepare_decode` builds it (the per-step call where the
+            # rope type forbids one).
+            written = decode_step(rotary_table(decode_weights(model), P + steps), caches[1],
+                                  tokens, pos, bias[:, :P + t + 1])
             out[0].append(logits)
             out[1].append(written)
             pos = pos + 1
@@ -98,8 +100,11 @@ def _step_logits(model, steps: int = 6):
 # the model's own rotary module, whatever its rope type).
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+# Dynamic NTK scaling: frequencies that change with the length seen, so no table.
+DYNAMIC_ROPE = {"rope_type": "dynamic", "factor": 2.0}
 CASES = [("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
-         ("llama", {"rope_scaling": LLAMA3_ROPE}), ("mistral", {}), ("qwen2", {}), ("qwen3", {})]
+         ("llama", {"rope_scaling": LLAMA3_ROPE}), ("llama", {"rope_scaling": DYNAMIC_ROPE}),
+         ("mistral", {}), ("qwen2", {}), ("qwen3", {})]
 
 
 @pytest.mark.parametrize(("model_type", "overrides"), CASES)
@@ -261,3 +266,22 @@ def test_sampling_on_cuda_reads_the_device_once_per_step():
     few, many = syncs(8), syncs(24)
     assert engine.decode_path == "written-out"
     assert many - few <= 24 - 8, (few, many)
+
+
+@pytest.mark.parametrize(("model_type", "overrides"), CASES)
+def test_rotary_table_is_the_rotary_module_bit_for_bit(model_type, overrides):
+    # The table holds, for each position p < capacity, exactly what the module returns for p
+    # (cos, and sin with its first half negated); dynamic NTK gets no table.
+    from primekit.rollout.decode import _signed_sin, decode_weights, rotary_table
+
+    model = _tiny(model_type, dtype=torch.float32, **overrides)
+    w = rotary_table(decode_weights(model), 40)
+    if overrides.get("rope_scaling") is DYNAMIC_ROPE:
+        assert w.cos is None and w.sin is None
+        return
+    assert w.cos.shape == w.sin.shape == (40, model.model.layers[0].self_attn.head_dim)
+    positions = torch.tensor([[0, 7, 39, 3]])  # any positions, any order
+    h = w.embed[:4][None]  # [1, 4, D]: the module reads only its dtype and device
+    cos, sin = w.rotary(h, positions)
+    assert torch.equal(w.cos[positions[0]], cos[0])
+    assert torch.equal(w.sin[positions[0]], _signed_sin(sin)[0])
