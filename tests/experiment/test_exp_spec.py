@@ -147,7 +147,7 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
 
 
 # Packaged specs that choose settings rather than test a claim of the papers.
-TUNING_SPECS = ("prm-settings", "prm-init-tuning", "rgym-policy-warmup")
+TUNING_SPECS = ("prm-settings", "prm-init-tuning", "rgym-policy-warmup", "gao-ppo-tuning")
 # Packaged specs that add seeds to one task family of a two-family claim (spec -> that claim).
 MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo",
                     "demo-prime-vs-rloo-6-seeds-chains": "demo-prime-vs-rloo",
