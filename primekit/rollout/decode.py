@@ -235,9 +235,9 @@ def decode_step(
     (Qwen3 normalises q and k per head before the rotary embedding), then logits =
     lm_head(norm(h)). The new keys and values are appended to `cache`'s preallocated layers.
 
-    w: `prepare_decode`'s weights (`decode_weights(model)` calls the rotary module every
-    step instead of reading its table); tokens [m] (the rows of the cache, in its order), positions [m]
-    (their position ids), bias [m, L] (L = cached positions + 1: 0 attended, -inf not).
+    w: `prepare_decode`'s weights (`decode_weights(model)` calls the rotary module every step
+    instead of reading its table); tokens [m] (the rows of the cache, in its order), positions
+    [m] (their position ids), bias [m, L] (L = cached positions + 1: 0 attended, -inf not).
     Returns logits [m, V].
     """
     h = F.embedding(tokens, w.embed)  # [m, D]
