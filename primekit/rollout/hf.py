@@ -368,8 +368,10 @@ class HFRolloutEngine:
             # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), in attn_buf's place.
             bias_buf = torch.zeros(attn_buf.shape, dtype=weights.embed.dtype, device=device)
             bias_buf.masked_fill_(attn_buf == 0, float("-inf"))
+        # The mask the decode steps read, and its value for an attended position.
+        mask_buf, attended = (attn_buf, 1) if blocker is not None else (bias_buf, 0)
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
-        m = n  # attn_buf[:m] are the rows in the cache, in the order of `rows`
+        m = n  # mask_buf[:m] are the rows in the cache, in the order of `rows`
         next_pos = positions[:, -1] + 1  # [m]
         for t in range(T):
             # Every row in the cache is live: finished rows leave it at the step they finish.
@@ -396,15 +398,13 @@ class HFRolloutEngine:
                         layer.move_rows(order[moved], moved, m)
                     else:  # a layer of transformers' own (sliding window ...)
                         layer.batch_select_indices(order)
-                mask_buf = attn_buf if blocker is not None else bias_buf  # the one in use
                 mask_buf[moved] = mask_buf[order[moved]]
                 rows, tokens, next_pos = rows[order], tokens[order], next_pos[order]
             # Every row left in the cache is live and attends its new position.
+            mask_buf[:m, P + t] = attended
             if blocker is None:
-                bias_buf[:m, P + t] = 0
                 logits = decode_step(weights, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
             else:
-                attn_buf[:m, P + t] = 1
                 attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view
                 if mask_4d:
                     attn = attn.bool()[:, None, None, :]  # [m, 1, 1, P + t + 1]
