@@ -198,20 +198,23 @@ def test_list_shows_every_packaged_spec_and_each_validates(capsys):
         assert not set(load_spec(name).seeds) & claim_seeds, name
 
 
-def test_online_vs_frozen_prepares_exactly_prime_vs_rloos_run():
-    # The trained PRM online-vs-frozen-prm starts from is prime-vs-rloo's PRIME seed-0 run; its
-    # prepare step trains that run with the same config, so prime-vs-rloo later finds it finished.
+@pytest.mark.parametrize("name, source", [("online-vs-frozen-prm", "prime-vs-rloo"),
+                                          ("demo-online-vs-frozen-prm", "demo-prime-vs-rloo")])
+def test_online_vs_frozen_prepares_exactly_the_prime_run_it_starts_from(name, source):
+    # The trained PRM online-vs-frozen-prm starts from is prime-vs-rloo's PRIME seed-0 run (the
+    # demo variant: demo-prime-vs-rloo's); its prepare step trains that run with the same config,
+    # so the source experiment later finds it finished.
     import json
 
     from primekit.config import load_config, resolve_config
     from primekit.experiment.runner import same_run
 
-    ovf, pvr = load_spec("online-vs-frozen-prm"), load_spec("prime-vs-rloo")
+    ovf, pvr = load_spec(name), load_spec(source)
     made = [p for p in ovf.prepare if p.run[0] == "train"]
     assert len(made) == 2
     for step, task in zip(made, ["arithmetic", "chains"]):
         cfg = load_config(resolve_config(step.run[2]), step.run[3:])
-        (run,) = [r for r in pvr.runs(Path("runs/experiments/prime-vs-rloo"))
+        (run,) = [r for r in pvr.runs(Path(f"runs/experiments/{source}"))
                   if (r.task, r.arm, r.seed) == (task, "prime", 0)]
         assert same_run(json.loads(json.dumps(run.config(pvr).to_dict())), cfg)
         assert Path(str(cfg.train.run_dir)) == run.run_dir
