@@ -215,6 +215,40 @@ def per_seed_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> lis
     return lines
 
 
+def drift_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[str]:
+    """Each per-step verdict metric at the start and the end of the runs: the mean of the first
+    `window` steps, of the last `window` steps, and the change within each run (last - first),
+    each as mean [95% t-interval] over seeds. What a final value alone hides: whether an arm
+    rose or fell to it (a frozen PRM losing accuracy while the policy moves, PRIME Fig. 5)."""
+    w = spec.window
+    lines = []
+    for key in dict.fromkeys(v.metric for v in spec.verdicts):
+        if key.startswith("eval/") or not any(
+                key in g.series for gs in logs.values() for g in gs):
+            continue
+        lines += [f"### Start and end: `{key}` (first {w} steps -> last {w} steps; change "
+                  "within each run)", "",
+                  "| arm | " + " | ".join(spec.tasks) + " |", "|---|" + "---|" * len(spec.tasks)]
+        for arm in spec.arms:
+            cells = []
+            for task in spec.tasks:
+                pairs = [(float(np.mean(v[:w])), float(np.mean(v[-w:])))
+                         for g in logs.get((task, arm), []) if key in g.series
+                         and len(v := g.series[key][1]) >= 2 * w]
+                if not pairs:
+                    cells.append("-")
+                    continue
+                first, last = zip(*pairs)
+                change = stats.t_interval([b - a for a, b in pairs])
+                cells.append(f"{stats.t_interval(first).fmt()} -> {stats.t_interval(last).fmt()}"
+                             f"; change {change.value:+.3f} [{change.lo:+.3f}, {change.hi:+.3f}]"
+                             if len(pairs) > 1 else
+                             f"{first[0]:.3f} -> {last[0]:.3f} (n=1)")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def collect(spec: Spec, out_dir: Path) -> tuple[dict[tuple[str, str], list[RunLog]],
                                                 list[Run], list[Run]]:
     """(task, arm) -> the finished runs' logs; the finished runs; the unfinished ones."""
@@ -353,6 +387,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
             lines.append(f"| {arm} | {len(gs)} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += per_seed_lines(spec, logs)
+    lines += drift_lines(spec, logs)
     lines += grid_lines(spec, logs)
     if figures:
         lines += ["## Plots", "",

@@ -282,3 +282,44 @@ def test_map_cell_text_is_readable_on_dark_cells():
     assert _text_colour(matplotlib.colormaps["RdBu"](0.0)) == "white"
     assert _text_colour(matplotlib.colormaps["viridis"](0.0)) == "white"
     assert _text_colour(matplotlib.colormaps["viridis"](1.0)) == "black"  # yellow
+
+
+def test_start_and_end_of_a_per_step_verdict_metric_by_hand(tmp_path):
+    import yaml
+
+    from primekit.experiment.report import drift_lines
+    from primekit.experiment.runlog import RunLog
+    from primekit.experiment.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "claim": "c", "base": "tiny", "seeds": 3,
+        "arms": {"online": {}, "frozen": {"prm.beta": 0.1}},
+        "verdict": [{"rule": "difference", "metric": "prm/acc_pairwise", "window": 2,
+                     "compare": [["online", "frozen"]]},
+                    {"rule": "difference", "metric": "eval/pass@1_greedy",
+                     "compare": [["online", "frozen"]]}]}))
+    spec = load_spec(path)
+    steps = np.arange(1, 6)
+
+    def log(values):
+        return RunLog(series={"prm/acc_pairwise": (steps, np.array(values, dtype=float)),
+                              "eval/pass@1_greedy": (np.array([5]), np.array([0.5]))})
+
+    # online: first 2 steps mean (0.6 + 0.6) / 2 = 0.6, last 2 (0.7 + 0.9) / 2 = 0.8, change
+    # +0.2 in each of 3 seeds (no spread). frozen, seeds: first means 0.7, 0.8, 0.9, last means
+    # 0.6, 0.6, 0.6: changes -0.1, -0.2, -0.3, mean -0.2, s = 0.1, half-width
+    # t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.05774 = 0.248.
+    logs = {("default", "online"): [log([0.6, 0.6, 0.5, 0.7, 0.9])] * 3,
+            ("default", "frozen"): [log([x, x, 0.65, 0.6, 0.6]) for x in (0.7, 0.8, 0.9)]}
+    text = "\n".join(drift_lines(spec, logs))
+    assert "### Start and end: `prm/acc_pairwise` (first 2 steps -> last 2 steps" in text
+    assert "eval/pass@1_greedy" not in text  # a final evaluation has no start
+    assert ("| online | 0.600 [0.600, 0.600] -> 0.800 [0.800, 0.800]; change +0.200 "
+            "[+0.200, +0.200] |") in text
+    assert "| frozen | 0.800 [0.552, 1.048] -> 0.600 [0.600, 0.600]; change -0.200 " \
+        "[-0.448, +0.048] |" in text
+    # Runs shorter than two windows say nothing of a start and an end.
+    short = {("default", "online"): [RunLog(series={"prm/acc_pairwise": (
+        np.arange(1, 4), np.array([0.5, 0.6, 0.7]))})] * 3}
+    assert "| online | - |" in "\n".join(drift_lines(spec, short))
