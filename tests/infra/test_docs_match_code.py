@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md")
                                      if "records" not in p.parts)
 # A value a reader fills in: RUN_DIR, S, <an RL run>, ...
-PLACEHOLDER = re.compile(r"^[A-Z][A-Z_0-9]*$|<.*>|\.\.\.")
+NAME = r"[A-Z][A-Z_0-9]*"
+PLACEHOLDER = re.compile(rf"^{NAME}$|<.*>|\.\.\.")
 
 
 def commands(text: str, program: str = "primekit") -> list[str]:
@@ -138,7 +139,7 @@ def test_every_documented_benchmark_command_parses(doc, monkeypatch):
         if not script.exists():
             problems.append(f"{command!r}: no such script")
             continue
-        filled = ["1" if re.fullmatch(r"[A-Z][A-Z_0-9]*", a) else a for a in argv[1:]]
+        filled = ["1" if re.fullmatch(NAME, a) else a for a in argv[1:]]
         error = parse_benchmark(script, filled, monkeypatch)
         if error:
             problems.append(f"{command!r}: {error}")
@@ -152,8 +153,9 @@ def test_a_benchmark_flag_that_does_not_exist_is_caught(monkeypatch):
 
 
 def _slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
-    heading = re.sub(r"[`*_]", "", heading.strip().lower())
+    """GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces as
+    hyphens."""
+    heading = re.sub(r"[`*]", "", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
 
 
