@@ -280,3 +280,25 @@ def test_share_key_must_be_a_boolean(tmp_path):
     path.write_text(yaml.safe_dump(text))
     with pytest.raises(SpecError, match="share: expected true or false, got 'no'"):
         load_spec(path, check_runs=False)
+
+
+def test_demo_hacking_remedies_implicit_changes_only_where_the_models_start():
+    # The demo variant asks hacking-remedies-implicit's question with the demo's PRM: the same
+    # arms, seeds, verdicts and settings; only the policy, PRM and reference models differ (those
+    # of demo-prime-vs-rloo's PRIME arm).
+    demo, first = load_spec("demo-hacking-remedies-implicit"), load_spec("hacking-remedies-implicit")
+    assert (demo.arms, demo.seeds, demo.verdicts, demo.overrides, demo.paper) == (
+        first.arms, first.seeds, first.verdicts, first.overrides, first.paper)
+    prime = {r.task: r for r in load_spec("demo-prime-vs-rloo").runs(Path("x")) if r.arm == "prime"}
+    models = ("model.policy", "model.prm", "model.ref")
+    for a, b in zip(demo.runs(Path("x")), first.runs(Path("x")), strict=True):
+        assert (a.task, a.arm, a.seed) == (b.task, b.arm, b.seed)
+        ca, cb = a.config(demo).to_dict(), b.config(first).to_dict()
+        for cfg in (ca, cb):
+            del cfg["train"]["run_dir"]
+        cp = prime[a.task].config(load_spec("demo-prime-vs-rloo")).to_dict()
+        for key in models:
+            sec, field = key.split(".")
+            assert ca[sec][field] == cp[sec][field] != cb[sec][field], (a.run_id, key)
+            ca[sec][field] = cb[sec][field]
+        assert ca == cb, a.run_id
