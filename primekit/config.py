@@ -490,7 +490,8 @@ class LiveConfig:
 @_validated
 @dataclass
 class VizConfig:
-    """The two lights (sim and dashboard), `primekit dashboard`, `heatmap` and `rerank`."""
+    """The lights (PRM and gap: sim and dashboard; steps and accuracy: dashboard), `primekit
+    dashboard`, `heatmap` and `rerank`."""
 
     # Lights: means over the last `window` steps. PRM light: green when PRM accuracy >= prm_ok,
     # amber >= prm_warn, else red. Gap light: reported reward minus verifier accuracy; green
@@ -506,6 +507,15 @@ class VizConfig:
     steps_warn: PositiveFloat = 0.25
     steps_bad: PositiveFloat = 0.5
     steps_acc_rise: UnitInterval = 0.05
+    # Accuracy light: the verifier's accuracy on every sampled rollout (before the filter), the
+    # drop of its latest `window`-step mean below its best so far, in accuracy and in units z of a
+    # window mean's noise; amber from acc_warn and acc_z, red ("Accuracy falling") from acc_bad
+    # and 2 acc_z. Chosen on the run records of the experiments finished before 2026-12-06
+    # (docs/experiments/records; docs/viz.md gives the counts): no run that kept its accuracy
+    # reached z 5.5, the collapses reached z 12-80.
+    acc_warn: UnitInterval = 0.05
+    acc_bad: UnitInterval = 0.1
+    acc_z: PositiveFloat = 4.0
     port: NonNegative = 8765  # 0 = any free port
     samples_per_step: NonNegative = 8  # responses the trainer writes to samples.jsonl per step
     out_dir: str = "runs/viz"  # heatmap and rerank outputs
@@ -739,6 +749,9 @@ def _check_combinations(cfg: Config) -> None:
         raise ConfigError(f"filter.consistency_drop: {drop} of rollout.n_samples="
                           f"{cfg.rollout.n_samples} leaves fewer than {least} samples per group "
                           f"for estimator {a.estimator}")
+    if cfg.viz.acc_warn > cfg.viz.acc_bad:
+        raise ConfigError(f"viz.acc_warn/viz.acc_bad: need warn <= bad, got "
+                          f"{cfg.viz.acc_warn}/{cfg.viz.acc_bad}")
     if cfg.viz.steps_warn > cfg.viz.steps_bad:
         raise ConfigError(f"viz.steps_warn/viz.steps_bad: need warn <= bad, got "
                           f"{cfg.viz.steps_warn}/{cfg.viz.steps_bad}")

@@ -12,7 +12,8 @@ the logged metrics, each row gets three derived keys the page and the lights use
                         ORM, explicit/orm_score_mean; absent otherwise;
   derived/gap           derived/reported - derived/verifier_acc (the gap light's input);
   derived/prm_acc       prm/acc_pairwise, else prm/acc_abs (the PRM light's input).
-The lights use the last `viz.window` rows that have these values (primekit/viz/lights.py).
+The lights use the last `viz.window` rows that have these values (primekit/viz/lights.py); the
+step and accuracy lights read hack/steps_per_response and reward/outcome_mean_sampled.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from primekit.config import VizConfig
 from primekit.logging import SAMPLES
 from primekit.viz.heatmap import auto_scale, response_html
-from primekit.viz.lights import gap_light, prm_light, steps_light, thresholds
+from primekit.viz.lights import accuracy_light, gap_light, prm_light, steps_light, thresholds
 from primekit.viz.server import Routes, page
 
 METRICS = "metrics.jsonl"
@@ -158,8 +159,14 @@ class RunFollower:
                  and "reward/outcome_mean_sampled" in r]
         acc = [r["reward/outcome_mean_sampled"] for r in self.rows
                if "hack/steps_per_response" in r and "reward/outcome_mean_sampled" in r]
+        # The accuracy light: the same all-samples accuracy (the trained batch's when a run
+        # logs no sampled accuracy), every step that has it.
+        key = "reward/outcome_mean_sampled" if any(
+            "reward/outcome_mean_sampled" in r for r in self.rows) else "reward/outcome_mean"
+        sampled = [_num(r[key]) for r in self.rows if key in r]
         return {"prm": prm_light(prm, viz), "gap": gap_light(gap, viz),
-                "steps": steps_light([_num(v) for v in steps], [_num(v) for v in acc], viz)}
+                "steps": steps_light([_num(v) for v in steps], [_num(v) for v in acc], viz),
+                "accuracy": accuracy_light(sampled, viz)}
 
     def samples_html(self) -> list[str]:
         rows = [{"prompt": s["prompt"], "tokens": s["tokens"],

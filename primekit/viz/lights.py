@@ -13,6 +13,17 @@ change of verifier accuracy over the same span, a = acc_last - acc_first. While 
 at least `steps_acc_rise` the light is green ("Steps follow accuracy": the policy is learning);
 otherwise amber "Step count drifting" from |d| >= `steps_warn`, red "Step gaming" from |d| >=
 `steps_bad`, else green "Step count steady". Grey until there are 2 x window values of each.
+Accuracy light (a policy losing the task under its reward): the verifier's accuracy on every
+sampled rollout, before the online filter. Over windows of `window` consecutive values, the drop
+from the best window so far to the latest, drop = max_j m_j - m_last (m_j the j-th window's mean),
+and the same drop in units of a window mean's noise, z = drop / (sd_step / sqrt(window)), with
+sd_step^2 = mean((x_t - x_{t-1})^2) / 2 over the run (successive differences: a trend does not
+inflate it). Amber "Accuracy slipping" when drop >= `acc_warn` and z >= `acc_z`, red "Accuracy
+falling" when drop >= `acc_bad` and z >= 2 `acc_z`, else green "Accuracy holding"; grey until
+there are `window` values. The noise guard is what keeps a flat but noisy run (small batches, the
+filter off) from reading as a collapse: the best of many windows sits above their mean by chance. The gap light cannot
+see this: it compares the PRM with the verifier on the *trained* batch, whose accuracy the online
+filter holds inside its band however the policy fares (docs/viz.md).
 The thresholds are `VizConfig`'s (primekit/config.py).
 """
 
@@ -83,7 +94,32 @@ def steps_light(steps_per_response: Sequence[float], accuracies: Sequence[float]
     return {"color": color, "label": label, "value": drift, "acc_rise": rise}
 
 
+def accuracy_light(accuracies: Sequence[float], cfg: VizConfig) -> dict:
+    """The accuracy light (module docstring); value: the drop from the best window mean so far."""
+    xs = [v for v in accuracies if v is not None and math.isfinite(v)]
+    w = cfg.window
+    if len(xs) < w:
+        return {"color": "grey", "label": "Not enough steps yet", "value": None}
+    means = [sum(xs[i - w:i]) / w for i in range(w, len(xs) + 1)]  # every window, oldest first
+    best = max(means)
+    drop = best - means[-1]
+    # The noise of one window's mean, from successive differences (a trend does not inflate it):
+    # sd_step^2 = mean((x_t - x_{t-1})^2) / 2, noise = sd_step / sqrt(window).
+    diffs = [b - a for a, b in zip(xs, xs[1:])]
+    noise = math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs)) / w) if diffs else 0.0
+    z = drop / noise if noise > 0 else (math.inf if drop > 0 else 0.0)
+    if drop >= cfg.acc_bad and z >= 2 * cfg.acc_z:
+        color, label = "red", "Accuracy falling"
+    elif drop >= cfg.acc_warn and z >= cfg.acc_z:
+        color, label = "amber", "Accuracy slipping"
+    else:
+        color, label = "green", "Accuracy holding"
+    return {"color": color, "label": label, "value": drop, "best": best, "last": means[-1],
+            "z": z}
+
+
 def thresholds(cfg: VizConfig) -> dict:
     return {"window": cfg.window, "prm_ok": cfg.prm_ok, "prm_warn": cfg.prm_warn,
             "gap_warn": cfg.gap_warn, "gap_bad": cfg.gap_bad, "steps_warn": cfg.steps_warn,
-            "steps_bad": cfg.steps_bad, "steps_acc_rise": cfg.steps_acc_rise}
+            "steps_bad": cfg.steps_bad, "steps_acc_rise": cfg.steps_acc_rise,
+            "acc_warn": cfg.acc_warn, "acc_bad": cfg.acc_bad, "acc_z": cfg.acc_z}

@@ -7,7 +7,7 @@ which the trainer reads before every step (the format: primekit/trainer/control.
 toggle and the injection do to the real models: primekit/trainer/live.py).
 
 JSON endpoints (every answer is the state below):
-  GET  /api/state?since=N  metric rows from N on, the two lights, the requested control, what
+  GET  /api/state?since=N  metric rows from N on, the lights (PRM, gap, steps, accuracy; the page shows three), the requested control, what
                            the trainer applied (from its live/ metrics), events, latest samples
   POST /api/toggle {mode}  ask for the PRM "online" or "frozen" (from the next step)
   POST /api/inject         ask for one injection of the shortcut (before the next step)

@@ -117,6 +117,9 @@ def test_dashboard_renders_a_fixture_run(browser, tmp_path):
         assert _label(page, "#run-0 .prm-light") == "PRM wrong"
         assert _label(page, "#run-1 .gap-light") == "Reward tracks truth"
         assert _label(page, "#run-1 .prm-light") == "PRM accurate"
+        # Sampled accuracy 0.5 -> 0.3 at step 11: drop 0.2, far beyond its noise.
+        assert _label(page, "#run-0 .accuracy-light") == "Accuracy falling"
+        assert _label(page, "#run-1 .accuracy-light") == "Not enough steps yet"  # 6 < 10 steps
         assert page.locator("#run-0 .samples .tok").count() == 12  # 2 responses x 6 tokens
         assert page.locator("#run-0 canvas").count() == 4  # four charts
         chart = tmp_path / "acc.png"
@@ -235,6 +238,7 @@ def test_live_page_controls_a_real_run(browser, live_run, tmp_path):
         assert online[-1] > injected[0]
         assert page.inner_text("#pending") == ""
         assert page.locator("#prm-light .label").inner_text() != "-"
+        assert page.locator("#accuracy-light .label").inner_text() != "-"  # set by every poll
         assert page.locator("#samples .tok").count() > 0  # the latest responses, coloured
         shot = tmp_path / "live.png"
         page.screenshot(path=str(shot), full_page=True)
