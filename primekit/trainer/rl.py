@@ -155,6 +155,11 @@ class RLTrainer:
                                                              "recomputed by the trainer")
             console.print(f"policy.old_logprobs={self.cfg.policy.old_logprobs}: old log-probs {how}")
         announced = False  # the HF engine's decode path, printed once
+        from primekit.viz.lights import AccuracyWatch
+
+        watch = AccuracyWatch(self.cfg.viz)  # a line when the accuracy light changes colour
+        for row in self.history:  # a resumed run's rows so far, where it has them
+            watch.update(row.get("reward/outcome_mean_sampled"), 0)
         try:
             with Progress(total=cfg.steps - self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
@@ -176,6 +181,9 @@ class RLTrainer:
                     self.history.append(metrics)
                     progress.update(advance=1, acc=metrics["reward/outcome_mean_sampled"],
                                     prm_acc=metrics.get("prm/acc_pairwise", "-"))
+                    note = watch.update(metrics.get("reward/outcome_mean_sampled"), self.step)
+                    if note and dist.is_main():
+                        console.print(note)
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
             self._finish(logger)

@@ -123,3 +123,31 @@ def thresholds(cfg: VizConfig) -> dict:
             "gap_warn": cfg.gap_warn, "gap_bad": cfg.gap_bad, "steps_warn": cfg.steps_warn,
             "steps_bad": cfg.steps_bad, "steps_acc_rise": cfg.steps_acc_rise,
             "acc_warn": cfg.acc_warn, "acc_bad": cfg.acc_bad, "acc_z": cfg.acc_z}
+
+
+class AccuracyWatch:
+    """The accuracy light followed step by step, for the trainer's console: `update` takes each
+    step's `reward/outcome_mean_sampled` and returns one line when the light changes between green,
+    amber and red (never while grey), else None. A user without the dashboard still learns that
+    the policy is losing the task under its reward."""
+
+    def __init__(self, cfg: VizConfig) -> None:
+        self.cfg = cfg
+        self.values: list[float] = []
+        self.color = "green"
+
+    def update(self, value: float | None, step: int) -> str | None:
+        if value is not None and math.isfinite(value):
+            self.values.append(float(value))
+        light = accuracy_light(self.values, self.cfg)
+        if light["color"] == "grey" or light["color"] == self.color:
+            return None
+        before, self.color = self.color, light["color"]
+        where = (f"accuracy on all samples {light['last']:.3f} over the last {self.cfg.window} "
+                 f"steps, {light['value']:.3f} below its best {light['best']:.3f}")
+        if self.color == "green":
+            return f"step {step}: accuracy holding again ({where}; the accuracy light was {before})"
+        style = "red" if self.color == "red" else "yellow"
+        return (f"[{style}]step {step}: {light['label'].lower()}[/]: {where} ({light['z']:.1f} "
+                f"times a window mean's noise): the policy is losing the task under its reward "
+                f"(the dashboard's accuracy light, docs/viz.md)")

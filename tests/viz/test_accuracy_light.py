@@ -96,3 +96,20 @@ def test_accuracy_thresholds_in_order():
     with pytest.raises(ConfigError) as err:
         load_config(tiny, ["viz.acc_warn=0.2", "viz.acc_bad=0.1"])
     assert str(err.value).startswith("viz.acc_warn/viz.acc_bad: need warn <= bad")
+
+
+def test_the_trainer_console_gets_one_line_per_change_of_the_light():
+    # FALL, step by step (window means and noise as above): green through step 5; step 6 drop
+    # 0.0667 at z 1.83: amber; step 7 drop 0.1667 at z 4.47: red; step 8 (0.8 added) means end
+    # (0.5+0.4+0.8)/3 = 0.5667, drop 0.1 < 0.12: amber again; step 9 (0.9) the latest window
+    # (0.4+0.8+0.9)/3 = 0.7 is the best: green. A NaN step changes nothing.
+    from primekit.viz.lights import AccuracyWatch
+
+    watch = AccuracyWatch(VIZ)
+    notes = [watch.update(v, step) for step, v in
+             enumerate([*FALL, float("nan"), 0.8, 0.9], start=1)]
+    assert notes[:5] == [None] * 5 and notes[7] is None
+    assert "step 6: accuracy slipping" in notes[5] and "0.067 below its best 0.667" in notes[5]
+    assert "step 7: accuracy falling" in notes[6] and "4.5 times" in notes[6]
+    assert "step 9: accuracy slipping" in notes[8]
+    assert notes[9].startswith("step 10: accuracy holding again") and "was amber" in notes[9]
