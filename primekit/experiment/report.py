@@ -249,6 +249,51 @@ def drift_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[s
     return lines
 
 
+ACC_KEY = "reward/outcome_mean_sampled"
+
+
+def collapse_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[str]:
+    """Did training collapse? The dashboard's accuracy light (primekit/viz/lights.py, default
+    `viz` thresholds) replayed step by step over each run's accuracy on all samples: per arm and
+    task, the runs that turned red at some step (and at which step first), and the colours at
+    the end."""
+    from primekit.config import VizConfig
+    from primekit.viz.lights import accuracy_light
+
+    viz = VizConfig()
+    if not any(ACC_KEY in g.series for gs in logs.values() for g in gs):
+        return []
+    lines = [f"### Collapse: the accuracy light over `{ACC_KEY}`", "",
+             f"Red: the last {viz.window} steps' mean at least {viz.acc_bad} below the best "
+             f"{viz.window}-step mean so far and at least {2 * viz.acc_z:g} times a window mean's "
+             f"noise (amber: {viz.acc_warn} and {viz.acc_z:g} times; docs/viz.md).", "",
+             "| arm | " + " | ".join(spec.tasks) + " |", "|---|" + "---|" * len(spec.tasks)]
+    for arm in spec.arms:
+        cells = []
+        for task in spec.tasks:
+            runs = [g for g in logs.get((task, arm), []) if ACC_KEY in g.series]
+            if not runs:
+                cells.append("-")
+                continue
+            first_red, ends = [], []
+            for g in runs:
+                steps, values = g.series[ACC_KEY]
+                colours = [accuracy_light(values[:n], viz)["color"] for n in range(1, len(values) + 1)]
+                red = [int(steps[i]) for i, c in enumerate(colours) if c == "red"]
+                if red:
+                    first_red.append(red[0])
+                ends.append(colours[-1])
+            cell = f"red at some step in {len(first_red)} of {len(runs)}"
+            if first_red:
+                cell += f" (first at step {', '.join(map(str, sorted(first_red)))})"
+            cell += "; at the end " + ", ".join(
+                f"{ends.count(c)} {c}" for c in ("red", "amber", "green", "grey") if c in ends)
+            cells.append(cell)
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 def collect(spec: Spec, out_dir: Path) -> tuple[dict[tuple[str, str], list[RunLog]],
                                                 list[Run], list[Run]]:
     """(task, arm) -> the finished runs' logs; the finished runs; the unfinished ones."""
@@ -388,6 +433,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
         lines.append("")
     lines += per_seed_lines(spec, logs)
     lines += drift_lines(spec, logs)
+    lines += collapse_lines(spec, logs)
     lines += grid_lines(spec, logs)
     if figures:
         lines += ["## Plots", "",

@@ -323,3 +323,37 @@ def test_start_and_end_of_a_per_step_verdict_metric_by_hand(tmp_path):
     short = {("default", "online"): [RunLog(series={"prm/acc_pairwise": (
         np.arange(1, 4), np.array([0.5, 0.6, 0.7]))})] * 3}
     assert "| online | - |" in "\n".join(drift_lines(spec, short))
+
+
+def test_collapse_table_replays_the_accuracy_light(tmp_path):
+    import yaml
+
+    from primekit.experiment.report import collapse_lines
+    from primekit.experiment.runlog import RunLog
+    from primekit.experiment.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "claim": "c", "base": "tiny", "seeds": 2,
+        "arms": {"a": {}, "b": {"prm.beta": 0.1}},
+        "verdict": [{"rule": "difference", "metric": "eval/pass@1_greedy",
+                     "compare": [["a", "b"]]}]}))
+    spec = load_spec(path)
+    steps = np.arange(1, 31)
+    key = "reward/outcome_mean_sampled"
+    # Default light: windows of 10. Flat 0.6 with alternating +-0.01: never leaves green.
+    flat = np.array([0.6 + (0.01 if i % 2 else -0.01) for i in range(30)])
+    # 0.6 for 15 steps, then 0.3: at step 20 the last 10 steps' mean is (5 x 0.6 + 5 x 0.3) / 10
+    # = 0.45, drop 0.15 >= 0.1; noise: 19 differences, one of -0.3: sqrt(0.09 / 19 / 2 / 10) =
+    # 0.0154, z = 9.7 >= 8: red from step 20 (step 19: mean 0.48, drop 0.12, noise over 18
+    # differences 0.0158, z 7.6 < 8: amber). At the end (mean 0.3, drop 0.3): red.
+    fall = np.array([0.6] * 15 + [0.3] * 15)
+    logs = {("default", "a"): [RunLog(series={key: (steps, flat)})] * 2,
+            ("default", "b"): [RunLog(series={key: (steps, fall)}),
+                               RunLog(series={key: (steps, flat)})]}
+    text = "\n".join(collapse_lines(spec, logs))
+    assert "### Collapse: the accuracy light over `reward/outcome_mean_sampled`" in text
+    assert "| a | red at some step in 0 of 2; at the end 2 green |" in text
+    assert "| b | red at some step in 1 of 2 (first at step 20); at the end 1 red, 1 green |" in text
+    # No run logs the key: no section.
+    assert collapse_lines(spec, {("default", "a"): [RunLog(series={})]}) == []
