@@ -20,10 +20,10 @@ and the same drop in units of a window mean's noise, z = drop / (sd_step / sqrt(
 sd_step^2 = mean((x_t - x_{t-1})^2) / 2 over the run (successive differences: a trend does not
 inflate it). Amber "Accuracy slipping" when drop >= `acc_warn` and z >= `acc_z`, red "Accuracy
 falling" when drop >= `acc_bad` and z >= 2 `acc_z`, else green "Accuracy holding"; grey until
-there are `window` values. The noise guard is what keeps a flat but noisy run (small batches, the
-filter off) from reading as a collapse: the best of many windows sits above their mean by chance. The gap light cannot
-see this: it compares the PRM with the verifier on the *trained* batch, whose accuracy the online
-filter holds inside its band however the policy fares (docs/viz.md).
+there are `window` values. The noise guard keeps a flat but noisy run (small batches, the filter
+off) from reading as a collapse: the best of many windows sits above their mean by chance. The
+gap light cannot see such a fall: it compares the PRM with the verifier on the *trained* batch,
+whose accuracy the online filter holds inside its band however the policy fares (docs/viz.md).
 The thresholds are `VizConfig`'s (primekit/config.py).
 """
 
@@ -107,7 +107,7 @@ def accuracy_light(accuracies: Sequence[float], cfg: VizConfig) -> dict:
     # sd_step^2 = mean((x_t - x_{t-1})^2) / 2, noise = sd_step / sqrt(window).
     diffs = [b - a for a, b in zip(xs, xs[1:])]
     noise = math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs)) / w) if diffs else 0.0
-    z = drop / noise if noise > 0 else (math.inf if drop > 0 else 0.0)
+    z = drop / noise if noise > 0 else 0.0  # no noise: every value equal, so no drop either
     if drop >= cfg.acc_bad and z >= 2 * cfg.acc_z:
         color, label = "red", "Accuracy falling"
     elif drop >= cfg.acc_warn and z >= cfg.acc_z:
