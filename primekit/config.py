@@ -511,8 +511,8 @@ class VizConfig:
     # drop of its latest `window`-step mean below its best so far, in accuracy and in units z of a
     # window mean's noise; amber from acc_warn and acc_z, red ("Accuracy falling") from acc_bad
     # and 2 acc_z. Chosen on the run records of the experiments finished before 2026-12-06
-    # (docs/experiments/records; docs/viz.md gives the counts): no run that kept its accuracy
-    # reached z 5.5, the collapses reached z 12-80.
+    # (docs/experiments/records; docs/viz.md gives the counts): runs that kept their accuracy
+    # stayed below z 5.5 (the largest 5.4, a flat explicit-PRM PPO run), collapses reached 12-80.
     acc_warn: UnitInterval = 0.05
     acc_bad: UnitInterval = 0.1
     acc_z: PositiveFloat = 4.0
