@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -33,6 +33,7 @@ from primekit.algorithms.masked import masked_sum
 from primekit.algorithms.segmentation import compile_delimiter, steps
 
 __all__ = [
+    "accuracy_fall",
     "pearson",
     "repeated_ngram_share",
     "repeated_step_share",
@@ -239,3 +240,40 @@ def reward_hacking_metrics(
         out["hack/dense_success_corr"] = pearson(
             dense_return, outcome_rewards.to(dense_return.device), all_reduce)
     return out
+
+
+def accuracy_fall(accuracies: Sequence[float | None], window: int, *, warn: float, bad: float,
+                  z_min: float) -> dict:
+    """Is the policy losing the task? The dashboard's accuracy light and the trainer's console
+    watch, over a run's per-step accuracy on every sampled rollout (before any filter).
+
+    With m_j the mean of the j-th window of `window` consecutive values (oldest first):
+        drop = max_j m_j - m_last              (below the best window so far)
+        sd_step^2 = mean_t (x_t - x_{t-1})^2 / 2   (successive differences: a trend does not
+                                                 inflate it)
+        z = drop / (sd_step / sqrt(window))    (in units of a window mean's noise)
+    red "Accuracy falling" when drop >= bad and z >= 2 z_min; amber "Accuracy slipping" when
+    drop >= warn and z >= z_min; else green "Accuracy holding"; grey "Not enough steps yet" with
+    fewer than `window` values. None and non-finite values (steps that sampled nothing) are
+    skipped. The z guard keeps a flat but noisy run from reading as a fall: the best of many
+    windows sits above their mean by chance.
+
+    Returns {"color", "label", "value": drop, "best", "last", "z"} ("value" None while grey).
+    """
+    xs = [float(v) for v in accuracies if v is not None and math.isfinite(v)]
+    if len(xs) < window:
+        return {"color": "grey", "label": "Not enough steps yet", "value": None}
+    means = [sum(xs[i - window:i]) / window for i in range(window, len(xs) + 1)]  # oldest first
+    best = max(means)
+    drop = best - means[-1]
+    diffs = [b - a for a, b in zip(xs, xs[1:])]
+    noise = math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs)) / window) if diffs else 0.0
+    z = drop / noise if noise > 0 else 0.0  # no noise: every value equal, so no drop either
+    if drop >= bad and z >= 2 * z_min:
+        color, label = "red", "Accuracy falling"
+    elif drop >= warn and z >= z_min:
+        color, label = "amber", "Accuracy slipping"
+    else:
+        color, label = "green", "Accuracy holding"
+    return {"color": color, "label": label, "value": drop, "best": best, "last": means[-1],
+            "z": z}

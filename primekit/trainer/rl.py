@@ -77,6 +77,7 @@ from primekit.trainer.experience import (
     micro_layout,
     sample_rows,
 )
+from primekit.trainer.watch import AccuracyWatch
 from primekit.verifiers import Verifier
 
 
@@ -155,8 +156,6 @@ class RLTrainer:
                                                              "recomputed by the trainer")
             console.print(f"policy.old_logprobs={self.cfg.policy.old_logprobs}: old log-probs {how}")
         announced = False  # the HF engine's decode path, printed once
-        from primekit.viz.lights import AccuracyWatch
-
         watch = AccuracyWatch(self.cfg.viz)  # a line when the accuracy light changes colour
         for row in self.history:  # a resumed run's rows so far, where it has them
             watch.update(row.get("reward/outcome_mean_sampled"), 0)

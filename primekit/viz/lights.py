@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from primekit.algorithms.hacking import accuracy_fall
 from primekit.config import VizConfig
 
 
@@ -95,27 +96,9 @@ def steps_light(steps_per_response: Sequence[float], accuracies: Sequence[float]
 
 
 def accuracy_light(accuracies: Sequence[float], cfg: VizConfig) -> dict:
-    """The accuracy light (module docstring); value: the drop from the best window mean so far."""
-    xs = [v for v in accuracies if v is not None and math.isfinite(v)]
-    w = cfg.window
-    if len(xs) < w:
-        return {"color": "grey", "label": "Not enough steps yet", "value": None}
-    means = [sum(xs[i - w:i]) / w for i in range(w, len(xs) + 1)]  # every window, oldest first
-    best = max(means)
-    drop = best - means[-1]
-    # The noise of one window's mean, from successive differences (a trend does not inflate it):
-    # sd_step^2 = mean((x_t - x_{t-1})^2) / 2, noise = sd_step / sqrt(window).
-    diffs = [b - a for a, b in zip(xs, xs[1:])]
-    noise = math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs)) / w) if diffs else 0.0
-    z = drop / noise if noise > 0 else 0.0  # no noise: every value equal, so no drop either
-    if drop >= cfg.acc_bad and z >= 2 * cfg.acc_z:
-        color, label = "red", "Accuracy falling"
-    elif drop >= cfg.acc_warn and z >= cfg.acc_z:
-        color, label = "amber", "Accuracy slipping"
-    else:
-        color, label = "green", "Accuracy holding"
-    return {"color": color, "label": label, "value": drop, "best": best, "last": means[-1],
-            "z": z}
+    """The accuracy light (module docstring; the rule is `algorithms.hacking.accuracy_fall`, which
+    the trainer's console watch shares); value: the drop from the best window mean so far."""
+    return accuracy_fall(accuracies, cfg.window, warn=cfg.acc_warn, bad=cfg.acc_bad, z_min=cfg.acc_z)
 
 
 def thresholds(cfg: VizConfig) -> dict:
@@ -124,30 +107,3 @@ def thresholds(cfg: VizConfig) -> dict:
             "steps_bad": cfg.steps_bad, "steps_acc_rise": cfg.steps_acc_rise,
             "acc_warn": cfg.acc_warn, "acc_bad": cfg.acc_bad, "acc_z": cfg.acc_z}
 
-
-class AccuracyWatch:
-    """The accuracy light followed step by step, for the trainer's console: `update` takes each
-    step's `reward/outcome_mean_sampled` and returns one line when the light changes between green,
-    amber and red (never while grey), else None. A user without the dashboard still learns that
-    the policy is losing the task under its reward."""
-
-    def __init__(self, cfg: VizConfig) -> None:
-        self.cfg = cfg
-        self.values: list[float] = []
-        self.color = "green"
-
-    def update(self, value: float | None, step: int) -> str | None:
-        if value is not None and math.isfinite(value):
-            self.values.append(float(value))
-        light = accuracy_light(self.values, self.cfg)
-        if light["color"] == "grey" or light["color"] == self.color:
-            return None
-        before, self.color = self.color, light["color"]
-        where = (f"accuracy on all samples {light['last']:.3f} over the last {self.cfg.window} "
-                 f"steps, {light['value']:.3f} below its best {light['best']:.3f}")
-        if self.color == "green":
-            return f"step {step}: accuracy holding again ({where}; the accuracy light was {before})"
-        style = "red" if self.color == "red" else "yellow"
-        return (f"[{style}]step {step}: {light['label'].lower()}[/]: {where} ({light['z']:.1f} "
-                f"times a window mean's noise): the policy is losing the task under its reward "
-                f"(the dashboard's accuracy light, docs/viz.md)")

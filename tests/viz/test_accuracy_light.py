@@ -103,7 +103,7 @@ def test_the_trainer_console_gets_one_line_per_change_of_the_light():
     # 0.0667 at z 1.83: amber; step 7 drop 0.1667 at z 4.47: red; step 8 (0.8 added) means end
     # (0.5+0.4+0.8)/3 = 0.5667, drop 0.1 < 0.12: amber again; step 9 (0.9) the latest window
     # (0.4+0.8+0.9)/3 = 0.7 is the best: green. A NaN step changes nothing.
-    from primekit.viz.lights import AccuracyWatch
+    from primekit.trainer.watch import AccuracyWatch
 
     watch = AccuracyWatch(VIZ)
     notes = [watch.update(v, step) for step, v in
