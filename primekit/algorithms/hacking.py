@@ -16,6 +16,11 @@ write few long steps; Gao et al.: many short steps): steps per response, mean st
 delimiter rate and the share of steps the dense reward does not pay for, watched together with
 accuracy by the dashboard's step light (primekit/viz/lights.py).
 
+A policy losing the task under its reward (`accuracy_fall`): its accuracy on every sampled
+rollout falling below its best window beyond its noise; the dashboard's accuracy light and the
+trainer's console watch (primekit/trainer/watch.py). Unlike the metrics below it reads a run's
+history, not one batch.
+
 Metrics are detached 0-dim float64 tensors, like the other algorithms' metrics: the text
 statistics on the CPU, the dense-reward ones on token_rewards' device (no host sync); undefined
 ones are NaN, which the trainer drops.
