@@ -14,16 +14,10 @@ at least `steps_acc_rise` the light is green ("Steps follow accuracy": the polic
 otherwise amber "Step count drifting" from |d| >= `steps_warn`, red "Step gaming" from |d| >=
 `steps_bad`, else green "Step count steady". Grey until there are 2 x window values of each.
 Accuracy light (a policy losing the task under its reward): the verifier's accuracy on every
-sampled rollout, before the online filter. Over windows of `window` consecutive values, the drop
-from the best window so far to the latest, drop = max_j m_j - m_last (m_j the j-th window's mean),
-and the same drop in units of a window mean's noise, z = drop / (sd_step / sqrt(window)), with
-sd_step^2 = mean((x_t - x_{t-1})^2) / 2 over the run (successive differences: a trend does not
-inflate it). Amber "Accuracy slipping" when drop >= `acc_warn` and z >= `acc_z`, red "Accuracy
-falling" when drop >= `acc_bad` and z >= 2 `acc_z`, else green "Accuracy holding"; grey until
-there are `window` values. The noise guard keeps a flat but noisy run (small batches, the filter
-off) from reading as a collapse: the best of many windows sits above their mean by chance. The
-gap light cannot see such a fall: it compares the PRM with the verifier on the *trained* batch,
-whose accuracy the online filter holds inside its band however the policy fares (docs/viz.md).
+sampled rollout falling below its best window beyond its noise; the rule and its formula are
+`algorithms.hacking.accuracy_fall`, shared with the trainer's console watch. The gap light cannot
+see such a fall: it compares the PRM with the verifier on the *trained* batch, whose accuracy the
+online filter holds inside its band however the policy fares (docs/viz.md).
 The thresholds are `VizConfig`'s (primekit/config.py).
 """
 
