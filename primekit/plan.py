@@ -13,10 +13,12 @@ import copy
 import inspect
 from dataclasses import dataclass, field
 from math import ceil
+from typing import NamedTuple
 
 from primekit.algorithms import ESTIMATORS
 from primekit.config import Config, ConfigError
 from primekit.models import memory as mem
+from primekit.rollout.batching import PACKED_ROW_FACTORS
 from primekit.trainer.collect import MIN_PASS_RATE, round_prompts
 
 # vLLM's own default for `gpu_memory_utilization` (the share of GPU memory it reserves for its
@@ -88,6 +90,54 @@ def prm_rows(cfg: Config) -> int:
     return max(k, cfg.prm.micro_batch_size // k * k)
 
 
+class PassShape(NamedTuple):
+    """The largest micro-batch of one model pass, as `primekit.models.memory` takes it: `rows`
+    rows of `seq` columns for the layers, `head_rows` rows of `response` scored tokens for the
+    output head (None: the same rows)."""
+
+    rows: int
+    seq: int
+    response: int
+    head_rows: int | None
+    note: str
+
+
+def pass_shape(rows: int, budget: int, packing: str, group: int, seq: int,
+               response: int) -> PassShape:
+    """The largest micro-batch of a pass cut by `rollout.batching.iter_layout`, for sequences
+    of at most `seq` tokens of which `response` are scored.
+
+    By rows (budget 0): `rows` padded rows of seq columns. By a token budget B: the columns a
+    micro-batch computes, padding included, stay within B (a single group of `group` rows may
+    exceed it alone) and within rows x seq, n = min(rows*seq, max(B, group*seq)). Packed, those n
+    columns lie in rows at most max(PACKED_ROW_FACTORS) = 2x the longest sequence wide, C =
+    min(2*seq, n), so n/C rows of C for the layers (the attention mask is [n/C, C, C]), and the
+    output head scores at most n tokens as one row (it chunks by tokens). Length-sorted padded
+    rows: n/seq rows of seq for the layers, and the head as many as `rows` rows of n/rows."""
+    if budget <= 0:
+        return PassShape(rows, seq, response, None, f"{rows} rows x {seq} tokens")
+    n = min(rows * seq, max(budget, group * seq))
+    if packing == "packed":
+        width = min(int(max(PACKED_ROW_FACTORS) * seq), n)
+        return PassShape(ceil(n / width), width, n, 1,
+                         f"packed: {n} tokens in rows of <= {width}")
+    return PassShape(ceil(n / seq), seq, min(response, ceil(n / rows)), rows,
+                     f"sorted: {n} tokens, <= {rows} rows")
+
+
+def policy_pass(cfg: Config, seq: int) -> PassShape:
+    """The policy's (and critic's, and the old log-probs') largest micro-batch."""
+    p = cfg.policy
+    return pass_shape(p.micro_batch_size, p.max_tokens_per_micro_batch, p.packing, 1, seq,
+                      cfg.rollout.max_new_tokens)
+
+
+def prm_pass(cfg: Config, seq: int) -> PassShape:
+    """The implicit PRM's (and the reference's) largest micro-batch: whole groups of K."""
+    return pass_shape(prm_rows(cfg), cfg.prm.max_tokens_per_micro_batch, cfg.prm.packing,
+                      cfg.rollout.n_samples, seq, cfg.rollout.max_new_tokens)
+
+
 def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: float,
                prompt_len: int, chunk: int) -> Plan:
     """The per-GPU memory plan of `cfg` on `gpus` GPUs of `gpu_mem_gib` GiB each.
@@ -106,14 +156,14 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
     engine = _rollout_phase(plan, cfg, shape, prompt_len)
     _scoring_phase(plan, cfg, shape, prompt_len, chunk)
     seq = prompt_len + cfg.rollout.max_new_tokens
-    rows = cfg.policy.micro_batch_size
-    plan.phases["policy update"] = _update_phase(cfg, shape, seq, chunk, rows, "lm", entropy=True)
+    plan.phases["policy update"] = _update_phase(cfg, shape, chunk, policy_pass(cfg, seq), "lm",
+                                                 entropy=True)
     if prm_online:
-        plan.phases["PRM update"] = _update_phase(cfg, shape, seq, chunk, prm_rows(cfg), "lm",
+        plan.phases["PRM update"] = _update_phase(cfg, shape, chunk, prm_pass(cfg, seq), "lm",
                                                   entropy=False)
     if critic:
-        plan.phases["critic update"] = _update_phase(cfg, shape, seq, chunk, rows, "value",
-                                                     entropy=False)
+        plan.phases["critic update"] = _update_phase(cfg, shape, chunk, policy_pass(cfg, seq),
+                                                     "value", entropy=False)
     plan.replicated = engine + max(plan.phase_bytes(p) for p in plan.phases)
     return plan
 
@@ -190,43 +240,56 @@ def _rollout_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: i
 
 def _scoring_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: int,
                    chunk: int) -> None:
-    """No-grad forwards: old-policy log-probs, reference, PRM scoring, critic values."""
+    """No-grad forwards: old-policy log-probs, reference, PRM scoring, critic values; in the
+    larger of the policy's and the PRM's micro-batches."""
     cb = mem.DTYPE_BYTES[cfg.model.dtype]
-    T = cfg.rollout.max_new_tokens
-    seq = prompt_len + T
-    rows = max(cfg.policy.micro_batch_size,
-               prm_rows(cfg) if cfg.algorithm.reward_mode == "prime" else 0)
-    c = min(T, chunk)
+    seq = prompt_len + cfg.rollout.max_new_tokens
+    passes = [policy_pass(cfg, seq)]
+    if cfg.algorithm.reward_mode == "prime":
+        passes.append(prm_pass(cfg, seq))
+
+    def logits(p: PassShape) -> tuple[int, int]:  # one chunk of the head: rows, tokens
+        rows = p.rows if p.head_rows is None else p.head_rows
+        return rows, min(p.response, chunk)
+
+    work = max(passes, key=lambda p: mem.forward_working_bytes(shape, p.rows, p.seq, cb))
+    head = max(passes, key=lambda p: logits(p)[0] * logits(p)[1])
+    rows, c = logits(head)
     plan.phases["scoring (no grad)"] = [
         ("all-gathered root + 2 layers", mem.gathered_bytes(shape, cb, trained=False),
          cfg.model.dtype),
-        ("forward working set", mem.forward_working_bytes(shape, rows, seq, cb),
-         f"{rows} rows x {seq} tokens"),
+        ("forward working set", mem.forward_working_bytes(shape, work.rows, work.seq, cb),
+         work.note),
         ("logits of one chunk", rows * c * shape.vocab * (cb + mem.FP32),
          f"[{rows}, {c}, {shape.vocab}] {cfg.model.dtype} + fp32")]
 
 
-def _update_phase(cfg: Config, shape: mem.ModelShape, seq: int, chunk: int, rows: int,
-                  head: str, *, entropy: bool) -> list:
-    """The rows of one training phase (policy, PRM or critic update) of `rows` sequences of
-    `seq` tokens: the gathered layers with their gradients, the saved activations with
+def _update_phase(cfg: Config, shape: mem.ModelShape, chunk: int, mb: PassShape, head: str, *,
+                  entropy: bool) -> list:
+    """The rows of one training phase (policy, PRM or critic update) over micro-batches no
+    larger than `mb`: the gathered layers with their gradients, the saved activations with
     checkpointing off and on (the configured one counted), the larger backward moment."""
-    cb, T = mem.DTYPE_BYTES[cfg.model.dtype], cfg.rollout.max_new_tokens
-    ckpt, c = cfg.parallel.activation_checkpointing, min(T, chunk)
-    kw = dict(entropy=entropy, chunk=chunk, head=head)
-    tokens, onoff = f"{rows} rows x {seq} tokens", {False: "off", True: "on"}
+    cb = mem.DTYPE_BYTES[cfg.model.dtype]
+    ckpt = cfg.parallel.activation_checkpointing
+    head_rows = mb.rows if mb.head_rows is None else mb.head_rows
+    c = min(mb.response, chunk)
+    kw = dict(entropy=entropy, chunk=chunk, head=head, head_rows=mb.head_rows)
+    onoff = {False: "off", True: "on"}
     items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
         shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
     for on in (False, True):
-        saved = mem.saved_activation_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
-        peak = mem.activation_peak_bytes(shape, rows, seq, T, cb, checkpointing=on, **kw)
-        where = tokens if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
+        saved = mem.saved_activation_bytes(shape, mb.rows, mb.seq, mb.response, cb,
+                                           checkpointing=on, **kw)
+        peak = mem.activation_peak_bytes(shape, mb.rows, mb.seq, mb.response, cb,
+                                         checkpointing=on, **kw)
+        where = mb.note if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
         items.append((f"saved activations, checkpointing {onoff[on]}", saved,
                       f"{where}; with the backward: {peak / mem.GIB:.2f} GiB"))
-    moments = mem.backward_moments(shape, rows, seq, T, cb, checkpointing=ckpt, **kw)
+    moments = mem.backward_moments(shape, mb.rows, mb.seq, mb.response, cb, checkpointing=ckpt,
+                                   **kw)
     larger = max(moments, key=moments.get)
     labels = {"logits": ("backward: logits of one chunk",
-                         f"[{rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
+                         f"[{head_rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
               "layer": ("backward: one layer rebuilt + its gradients" if ckpt
                         else "backward: one layer's gradients", "")}
     for key, (label, note) in labels.items():
@@ -250,7 +313,8 @@ def _with(cfg: Config, **changes: object) -> Config:
 def alternatives(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: float,
                  prompt_len: int, chunk: int) -> list[tuple[str, Plan | None]]:
     """Each switch that could make the plan fit, computed: offload, checkpointing, both, smaller
-    micro-batches (halved together until they fit), more GPUs (doubled until they fit).
+    micro-batches (rows and token budgets halved together until they fit), more GPUs (doubled
+    until they fit).
     A None plan means no setting of that switch fits."""
     def plan_of(c: Config, n: int = gpus) -> Plan:
         return build_plan(c, shape, gpus=n, gpu_mem_gib=gpu_mem_gib, prompt_len=prompt_len,
@@ -269,6 +333,10 @@ def alternatives(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: 
     sizes = {"policy.micro_batch_size": cfg.policy.micro_batch_size,
              "prm.micro_batch_size": cfg.prm.micro_batch_size,
              "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
+    for budget in ("policy.max_tokens_per_micro_batch", "prm.max_tokens_per_micro_batch"):
+        section, name = budget.split(".")
+        if getattr(getattr(cfg, section), name) > 0:  # token budgets are halved with the rows
+            sizes[budget] = getattr(getattr(cfg, section), name)
     found: tuple[str, Plan | None] = ("smaller micro-batches (halved together)", None)
     while max(sizes.values()) > 1:
         sizes = {k: max(1, v // 2) for k, v in sizes.items()}

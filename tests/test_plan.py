@@ -9,7 +9,7 @@ import pytest
 from primekit.cli import main
 from primekit.config import ConfigError, load_config, resolve_config
 from primekit.models import memory as mem
-from primekit.plan import alternatives, build_plan, read_model_shape
+from primekit.plan import alternatives, build_plan, pass_shape, read_model_shape
 
 GIB = 2**30
 P = 7_615_616_512  # Qwen2-7B parameters (tests/models/test_memory.py derives it)
@@ -33,6 +33,11 @@ def shape_7b(qwen2_7b_dir):
     return read_model_shape(str(qwen2_7b_dir))
 
 
+PADDED = ["policy.max_tokens_per_micro_batch=0", "prm.max_tokens_per_micro_batch=0"]
+# paper-7b.yaml before it packed: 8 padded rows per micro-batch.
+PADDED_7B = [*PADDED, "policy.micro_batch_size=8", "prm.micro_batch_size=8"]
+
+
 def _plan(shape, *overrides: str, gpus: int = 8, gpu_mem: float = 80.0):
     cfg = load_config(resolve_config("paper-7b"), list(overrides))
     return cfg, build_plan(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem, prompt_len=1024, chunk=512)
@@ -40,7 +45,7 @@ def _plan(shape, *overrides: str, gpus: int = 8, gpu_mem: float = 80.0):
 
 def test_paper_7b_plan_by_hand(shape_7b):
     assert mem.model_params(shape_7b) == P
-    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=true")
+    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=true", *PADDED_7B)
     rows = dict((item, b) for item, b, _ in plan.persistent)
     # Trained policy and PRM, 8 GPUs: fp32 params 4P/8, fp32 grads 4P/8, AdamW 8P/8 each.
     assert rows["policy: parameters (fp32 master)"] == 4 * P / 8 == 3_807_808_256
@@ -77,9 +82,54 @@ def test_paper_7b_plan_by_hand(shape_7b):
     assert plan.fits  # 80 GiB = 85,899,345,920 bytes
 
 
+def test_pass_shapes_by_hand():
+    # By rows: 8 rows of 4096 columns, the head on the same rows.
+    assert pass_shape(8, 0, "packed", 4, 4096, 3072)[:4] == (8, 4096, 3072, None)
+    # Packed, budget 32768 within 64 rows x 4096: n = 32768 columns in rows at most 2 x 4096
+    # wide, 32768 / 8192 = 4 rows; the head scores at most those 32768 tokens as one row.
+    assert pass_shape(64, 32768, "packed", 1, 4096, 3072)[:4] == (4, 8192, 32768, 1)
+    # A budget below one group: the group alone, 4 x 4096 = 16384 columns.
+    assert pass_shape(64, 1000, "packed", 4, 4096, 3072)[:4] == (2, 8192, 16384, 1)
+    # The rows cap: 8 rows x 100 columns = 800 < 32768; rows of min(200, 800) = 200, 4 of them.
+    assert pass_shape(8, 32768, "packed", 4, 100, 60)[:4] == (4, 200, 800, 1)
+    # Sorted padded rows, budget 10000 of 4096-column rows: ceil(10000 / 4096) = 3 rows for the
+    # layers; the head up to 64 rows of ceil(10000 / 64) = 157 tokens.
+    assert pass_shape(64, 10000, "sorted", 1, 4096, 3072)[:4] == (3, 4096, 157, 64)
+
+
+def test_paper_7b_packed_plan_by_hand(shape_7b):
+    # paper-7b.yaml as shipped: packed micro-batches of at most 32768 tokens (64 sequences).
+    cfg, plan = _plan(shape_7b)
+    assert cfg.policy.max_tokens_per_micro_batch == cfg.prm.max_tokens_per_micro_batch == 32768
+    update = dict((item, b) for item, b, _ in plan.phases["policy update"])
+    # saved activations with checkpointing, 32768 tokens (4 packed rows of 8192):
+    #   layer inputs 28 * 32768 * 2 * 3584           = 6,576,668,672
+    #   final norm 32768 * (4*3584 + 2*3584 + 4)     =   704,774,144
+    #   gathered hidden for the chunked head 32768*2h =   234,881,024
+    #   ids 32768*8 + 32768*12                        =       655,360
+    assert update["saved activations, checkpointing on"] == 7_516_979_200
+    # logits of one chunk of 512 tokens (not 8 rows x 512): 512 * 152064 = 77,856,768 elements
+    # x 14 B (fp32 + bf16 gradients, recomputed fp32 logits and softmax)
+    assert update["backward: logits of one chunk"] == 1_089_994_752
+    # one layer rebuilt: 32768 * 237,688 + mask 4 rows * 8192^2 * 2 = 8,325,431,296, plus its
+    # gradients 32768 * 2 * (3584 + 2*18944) = 2,717,908,992
+    assert update["backward: one layer rebuilt + its gradients"] == 11_043_340_288
+    # peak = 47,597,603,200 + 8,404,452,352 + 7,516,979,200 + 11,043,340,288 (69.44 GiB), 0.25
+    # GiB above 8 padded rows of 4096 (test_paper_7b_plan_by_hand): the packed rows' wider mask.
+    assert plan.peak == 74_562_375_040 and plan.peak_phase == "policy update" and plan.fits
+    scoring = dict((item, b) for item, b, _ in plan.phases["scoring (no grad)"])
+    assert scoring["logits of one chunk"] == 512 * 152064 * 6
+    # Halving the micro-batches halves the token budgets too: at 68 GiB, once is enough
+    # (a PRM micro-batch of one group, 4 x 4096 tokens, at 60.80 GiB).
+    alts = dict(alternatives(cfg, shape_7b, gpus=8, gpu_mem_gib=68, prompt_len=1024, chunk=512))
+    change = "policy.micro_batch_size=32 prm.micro_batch_size=32 rollout.micro_batch_size=32 " \
+        "policy.max_tokens_per_micro_batch=16384 prm.max_tokens_per_micro_batch=16384"
+    assert alts[change].fits and round(alts[change].peak / GIB, 2) == 60.80
+
+
 def test_paper_7b_without_checkpointing_does_not_fit_and_the_alternatives(shape_7b):
     # paper-7b.yaml turns checkpointing on because of exactly this.
-    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=false")
+    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=false", *PADDED_7B)
     assert not plan.fits and plan.peak > 250 * GIB  # 8 x 4096 tokens of activations in 28 layers
     alts = dict(alternatives(cfg, shape_7b, gpus=8, gpu_mem_gib=80, prompt_len=1024, chunk=512))
     assert not alts["parallel.cpu_offload=true"].fits  # offload does not touch activations
@@ -94,7 +144,7 @@ def test_paper_7b_without_checkpointing_does_not_fit_and_the_alternatives(shape_
 
 
 def test_more_gpus_is_the_answer_when_only_the_sharded_part_is_too_big(shape_7b):
-    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=true", gpu_mem=60)
+    cfg, plan = _plan(shape_7b, "parallel.activation_checkpointing=true", *PADDED_7B, gpu_mem=60)
     assert not plan.fits  # 69.19 GiB > 60 GiB
     alts = dict(alternatives(cfg, shape_7b, gpus=8, gpu_mem_gib=60, prompt_len=1024, chunk=512))
     # 16 GPUs: sharded states 34P/16 = 16,183,185,088 + rollout copy 2P = 15,231,233,024 +
@@ -104,7 +154,8 @@ def test_more_gpus_is_the_answer_when_only_the_sharded_part_is_too_big(shape_7b)
 
 
 def test_tiny_config_smaller_micro_batches_make_it_fit(tiny_model_dir):
-    cfg = load_config(resolve_config("tiny"), [f"model.policy={tiny_model_dir}"])
+    # Padded rows (the tiny configs pack: the next test), so that rows alone set the size.
+    cfg = load_config(resolve_config("tiny"), [f"model.policy={tiny_model_dir}", *PADDED])
     shape = read_model_shape(str(tiny_model_dir))
     kw = dict(gpus=1, prompt_len=64, chunk=512)
     assert build_plan(cfg, shape, gpu_mem_gib=1.0, **kw).fits
@@ -114,8 +165,8 @@ def test_tiny_config_smaller_micro_batches_make_it_fit(tiny_model_dir):
     alts = dict(alternatives(cfg, shape, gpu_mem_gib=0.5, **kw))
     # Halved once (32/64/128) is still too big; halved twice fits.
     once = ["policy.micro_batch_size=32", "prm.micro_batch_size=64", "rollout.micro_batch_size=128"]
-    assert not build_plan(load_config(resolve_config("tiny"), once), shape, gpu_mem_gib=0.5,
-                          **kw).fits
+    assert not build_plan(load_config(resolve_config("tiny"), once + PADDED), shape,
+                          gpu_mem_gib=0.5, **kw).fits
     twice = "policy.micro_batch_size=16 prm.micro_batch_size=32 rollout.micro_batch_size=64"
     assert alts[twice].fits and alts["parallel.activation_checkpointing=true"].fits
     assert not alts["parallel.cpu_offload=true"].fits  # a 1 M model's states are nothing
@@ -131,7 +182,9 @@ def test_cli_prints_the_plan_for_paper_7b(qwen2_7b_dir, capsys):
     rc = main(["plan", "--config", "paper-7b", "--gpus", "8", "--gpu-mem", "80",
                "--model-config", str(qwen2_7b_dir), "parallel.activation_checkpointing=true"])
     out = capsys.readouterr().out
-    assert rc == 0 and "peak 69.19 GiB per GPU (policy update)" in out and ": fits" in out
+    # paper-7b.yaml packs (69.44 GiB: test_paper_7b_packed_plan_by_hand).
+    assert rc == 0 and "peak 69.44 GiB per GPU (policy update)" in out and ": fits" in out
+    assert "packed: 32768 tokens in rows of <= 8192" in out
 
 
 def test_unreadable_model_config_is_one_clear_line(tmp_path, capsys):

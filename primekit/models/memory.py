@@ -149,9 +149,13 @@ def layer_activation_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: in
 
 def saved_activation_bytes(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int,
                            *, checkpointing: bool, entropy: bool, chunk: int,
-                           head: str = "lm") -> int:
+                           head: str = "lm", head_rows: int | None = None) -> int:
     """Bytes autograd keeps after the forward of `primekit.models.logprobs.sequence_logprobs`
-    (rows x seq tokens, of which `response` are scored), before the backward starts.
+    (rows x seq tokens, of which `response` per row are scored), before the backward starts.
+
+    head_rows: the rows the output head sees, `response` scored tokens each (default: rows). A
+    packed micro-batch (`pass_shape`) is r packed rows of C columns for the layers and one row of
+    its K scored tokens for the head, which `sequence_logprobs` chunks by tokens.
 
     layers: L * layer_activation_bytes, or with activation checkpointing per layer only each
         layer's input, L * n * c_b * h
@@ -160,10 +164,11 @@ def saved_activation_bytes(s: ModelShape, rows: int, seq: int, response: int, co
     head, when the response fits one chunk (response <= chunk): the lm_head input copy
         rows*T*c_b*h and the fp32 logits rows*T*V*4 (twice with entropy: softmax); with more
         chunks every chunk is checkpointed and only the final hidden states n*c_b*h stay
+        (packed: the t = head_rows*T gathered ones, t*c_b*h)
     integer ids (positions, targets, gather index) and the fp32 logsumexp: n*8 + rows*T*(8+4)
     With head="value" (the critic's one-label head) the head keeps only its input, n*c_b*h.
     """
-    n, t, h = rows * seq, rows * response, s.hidden
+    n, t, h = rows * seq, (rows if head_rows is None else head_rows) * response, s.hidden
     if checkpointing:
         total = s.layers * n * compute_bytes * h
     else:
@@ -174,8 +179,8 @@ def saved_activation_bytes(s: ModelShape, rows: int, seq: int, response: int, co
         return total + n * compute_bytes * h + n * 8
     if response <= chunk:
         total += t * compute_bytes * h + t * s.vocab * FP32 * (2 if entropy else 1)
-    else:
-        total += n * compute_bytes * h
+    else:  # the chunks' input: the last hidden states, or (packed) those gathered for the head
+        total += (n if head_rows is None else t) * compute_bytes * h
     return total + n * 8 + t * (8 + FP32)
 
 
@@ -219,29 +224,32 @@ def logits_backward_bytes(s: ModelShape, rows: int, response: int, compute_bytes
 
 def backward_moments(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int, *,
                      checkpointing: bool, entropy: bool, chunk: int,
-                     head: str = "lm") -> dict[str, int]:
+                     head: str = "lm", head_rows: int | None = None) -> dict[str, int]:
     """Memory on top of the saved activations at the two high points of the backward.
 
     "logits": first, the output head's backward (logits_backward_bytes; 0 for a value head).
     "layer": then each layer's backward: its gradients (layer_backward_bytes) and, under
     checkpointing, its recomputed activations, less what the head's backward has freed.
-    The activation peak is the saved activations plus the larger of the two.
+    The activation peak is the saved activations plus the larger of the two. head_rows: as in
+    `saved_activation_bytes`.
     """
+    head_rows = rows if head_rows is None else head_rows
     layer = layer_backward_bytes(s, rows, seq, compute_bytes)
     if checkpointing:
         layer += layer_activation_bytes(s, rows, seq, compute_bytes)
-    layer -= head_saved_bytes(s, rows, response, compute_bytes, entropy=entropy, chunk=chunk,
+    layer -= head_saved_bytes(s, head_rows, response, compute_bytes, entropy=entropy, chunk=chunk,
                               head=head)
-    logits = (logits_backward_bytes(s, rows, response, compute_bytes, entropy=entropy,
+    logits = (logits_backward_bytes(s, head_rows, response, compute_bytes, entropy=entropy,
                                     chunk=chunk) if head == "lm" else 0)
     return {"logits": logits, "layer": max(layer, 0)}
 
 
 def activation_peak_bytes(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int,
                           *, checkpointing: bool, entropy: bool, chunk: int,
-                          head: str = "lm") -> int:
+                          head: str = "lm", head_rows: int | None = None) -> int:
     """Activation memory at its peak: saved activations + the larger backward moment."""
-    kw = dict(checkpointing=checkpointing, entropy=entropy, chunk=chunk, head=head)
+    kw = dict(checkpointing=checkpointing, entropy=entropy, chunk=chunk, head=head,
+              head_rows=head_rows)
     saved = saved_activation_bytes(s, rows, seq, response, compute_bytes, **kw)
     return saved + max(backward_moments(s, rows, seq, response, compute_bytes, **kw).values())
 

@@ -24,6 +24,7 @@ Notation: N rows, P prompt columns, T response columns; a row of the batch is
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -207,7 +208,13 @@ def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout
                          ) -> Iterator[torch.Tensor]:
     """Whole groups of `layout.multiple` rows, longest group first, gathered into chunks whose
     tokens computed stay within `layout.max_tokens` (a single group may exceed it alone) and
-    whose rows stay within `layout.rows` (rounded down to whole groups, at least one)."""
+    whose rows stay within `layout.rows` (rounded down to whole groups, at least one).
+
+    Padded, a chunk's columns are its rows times its longest prompt and response. Packed, groups
+    are added while their tokens fit, and then, since the packed rows' trailing padding comes on
+    top, the chunk's packed columns (rows x width of `packed_micro_batch`) are counted and its
+    shortest groups handed to the next chunk until they fit too: the budget bounds the columns
+    a forward computes in both layouts, which is what memory follows (`primekit plan`)."""
     k = layout.multiple
     max_groups = max(1, layout.rows // k)
     if len(rows) % k:
@@ -217,26 +224,37 @@ def _token_budget_chunks(batch: RolloutBatch, rows: torch.Tensor, layout: Layout
     groups = rows.view(-1, k)  # [n/k, k]
     g_p, g_t = p_len.view(-1, k), t_len.view(-1, k)  # [n/k, k]
     # Per group, as Python ints (one conversion each, not one per group): its longest prompt,
-    # longest response, longest sequence and total tokens.
+    # longest response, longest sequence, total tokens and its sequences' lengths.
     p_max, t_max = g_p.max(1).values.tolist(), g_t.max(1).values.tolist()
     g_len, g_sum = (g_p + g_t).max(1).values.tolist(), (g_p + g_t).sum(1).tolist()
+    g_seqs = (g_p + g_t).tolist()  # [n/k][k]
     # Sorted by length (ties by position, so the order is deterministic).
-    order = sorted(range(len(groups)), key=lambda g: (-g_len[g], g))
-    chunk: list[int] = []
-    max_p = max_t = total = 0
-    for g in order:
-        gp, gt, gl = p_max[g], t_max[g], g_sum[g]
+    pending = collections.deque(sorted(range(len(groups)), key=lambda g: (-g_len[g], g)))
+    while pending:
+        chunk: list[int] = []
+        max_p = max_t = total = 0
+        while pending:
+            g = pending[0]
+            gp, gt, gl = p_max[g], t_max[g], g_sum[g]
+            if layout.packed:
+                cost = total + gl
+            else:
+                cost = (len(chunk) + 1) * k * (max(max_p, gp) + max(max_t, gt))
+            if chunk and (cost > layout.max_tokens or len(chunk) == max_groups):
+                break
+            chunk.append(pending.popleft())
+            max_p, max_t, total = max(max_p, gp), max(max_t, gt), total + gl
         if layout.packed:
-            cost = total + gl
-        else:
-            cost = (len(chunk) + 1) * k * (max(max_p, gp) + max(max_t, gt))
-        if chunk and (cost > layout.max_tokens or len(chunk) == max_groups):
-            yield groups[chunk].reshape(-1)
-            chunk, max_p, max_t, total = [], 0, 0, 0
-        chunk.append(g)
-        max_p, max_t, total = max(max_p, gp), max(max_t, gt), total + gl
-    if chunk:
+            while len(chunk) > 1 and packed_columns(
+                    [n for g in chunk for n in g_seqs[g]]) > layout.max_tokens:
+                pending.appendleft(chunk.pop())
         yield groups[chunk].reshape(-1)
+
+
+def packed_columns(lengths: list[int]) -> int:
+    """Columns (padding included) of `packed_micro_batch` over sequences of these lengths."""
+    width = packed_row_width(lengths, PACKED_ROW_FACTORS)
+    return len(first_fit_decreasing(lengths, width)[0]) * width
 
 
 def iter_layout(batch: RolloutBatch, layout: Layout,

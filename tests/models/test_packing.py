@@ -150,6 +150,31 @@ def test_token_budget_keeps_whole_groups_longest_first():
         next(iter_layout(b, Layout(4, 3, 10)))
 
 
+def test_packed_budget_bounds_the_columns_computed_padding_included():
+    # Sequences (prompt + response) of 5, 3 and 3 tokens, groups of one: 11 tokens, within a
+    # budget of 11. Packed, the fewest columns are rows of 6: [5 | 1 pad], [3, 3], 12 columns,
+    # over the budget; so the last (shortest) sequence moves to the next micro-batch, and the
+    # first two fit one row of 8 columns (5 + 3): 8 <= 11.
+    b = _batch([[5, 6], [7], [4]], [[8, 1, 2], [9, 9], [3, 3]])
+    assert packed_row_width([5, 3, 3]) == 6
+    mbs = list(iter_layout(b, Layout(99, 1, 11, packed=True)))
+    assert [mb.rows.tolist() for mb in mbs] == [[0, 1], [2]]
+    assert [mb.tokens_computed for mb in mbs] == [8, 3]
+    assert [mb.rows.tolist() for mb in iter_layout(b, Layout(99, 1, 12, packed=True))] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_micro_batches_stay_within_the_budget(seed):
+    # Random groups of 4: every packed micro-batch of more than one group computes at most the
+    # budget's columns, and every row is in exactly one micro-batch.
+    b = _random_batch(64, seed)
+    for budget in (40, 64, 100, 150, 400):
+        mbs = list(iter_layout(b, Layout(32, 4, budget, packed=True)))
+        assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(64))
+        for mb in mbs:
+            assert mb.tokens_computed <= budget or len(mb.rows) == 4, (budget, mb.rows)
+
+
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
