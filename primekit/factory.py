@@ -22,7 +22,7 @@ from primekit.models.hf import (
     load_value_model,
     stop_token_ids,
 )
-from primekit.models.logprobs import critic_values, score_tokens
+from primekit.models.logprobs import check_packed_attention, critic_values, score_tokens
 from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
@@ -52,12 +52,15 @@ def build_rl_trainer(cfg: Config, *, resume: bool = False, verifier: Verifier | 
     m, a = cfg.model, cfg.algorithm
     tokenizer = inputs.tokenizer
     policy = load_placed(cfg, m.policy, device, trainable=True)
+    check_packing(cfg, policy, "policy")
     ref = None
     # The implicit PRM's log-ratio and a KL term need a reference; with prm.reference=rollout
     # the old-policy log-probs play its part and no model is loaded.
     if (a.reward_mode == "prime" and cfg.prm.reference == "sft") or a.kl_coef > 0:
         check_model_path(m.ref or m.policy, "model.ref")
         ref = load_placed(cfg, m.ref or m.policy, device, trainable=False)
+        # PRIME scores the reference in the PRM's micro-batches, anything else in the policy's.
+        check_packing(cfg, ref, "prm" if a.reward_mode == "prime" else "policy")
     if rewarder is None and a.reward_mode != "outcome":
         rewarder = build_rewarder(cfg, tokenizer, device)
     critic = build_critic(cfg, device) if ESTIMATORS[a.estimator].critic else None
@@ -124,6 +127,7 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
                       "(docs/experiments/grpo-process-norm.md).[/]")
     # An online PRM trains with fp32 master weights, as the reference code does.
     model = load_placed(cfg, m.prm or m.policy, device, trainable=p.update == "online")
+    check_packing(cfg, model, "prm")
     optimizer = None
     if p.update == "online":
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
@@ -154,7 +158,17 @@ def build_critic(cfg: Config, device: torch.device) -> torch.nn.Module:
     config.classifier_dropout = 0.0
     critic = load_value_model(path, config=config, dtype=torch.float32, device=device,
                               trust_remote_code=trust)
-    return prepare_model(critic, placement(cfg, trainable=True), critic_values)
+    critic = prepare_model(critic, placement(cfg, trainable=True), critic_values)
+    check_packing(cfg, critic, "policy", head="value")  # the critic uses the policy's layout
+    return critic
+
+
+def check_packing(cfg: Config, model: torch.nn.Module, section: str, head: str = "lm") -> None:
+    """Where `section` (policy, prm, sft) packs its micro-batches, a ConfigError before training
+    unless `model` keeps attention inside each packed sequence (`check_packed_attention`)."""
+    sec = getattr(cfg, section)
+    if sec.max_tokens_per_micro_batch > 0 and sec.packing == "packed":
+        check_packed_attention(model, section, head)
 
 
 def placement(cfg: Config, *, trainable: bool) -> Placement:

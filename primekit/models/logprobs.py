@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from primekit.models.parallel import SCORE_METHOD
+from primekit.config import ConfigError
+from primekit.models.parallel import SCORE_METHOD, is_sharded
 from primekit.rollout.base import RolloutBatch
 from primekit.rollout.batching import Layout, MicroBatch, iter_layout
 
@@ -316,3 +317,72 @@ def batch_values(critic: PreTrainedModel, batch: RolloutBatch, micro_batch_size:
     for mb in iter_layout(batch, Layout(micro_batch_size, multiple, max_tokens, packed)):
         out[mb.rows, : mb.response_len] = micro_batch_values(critic, mb).cpu()
     return out * batch.response_mask.float().cpu()  # a batch may live on any device
+
+
+# A packed sequence's scores may move by at most this (nats, or value units) when the sequence
+# before it in its packed row changes. Where attention stays inside each sequence they move by
+# rounding only (measured on the CPU: 0 for the tiny model at init in fp32 and bf16, 1e-6 and 2e-6
+# for the demo's SFT model with sdpa and eager attention); where it crosses, by the effect of
+# another sequence's tokens (0.78 nats on the demo's SFT model with the position ids dropped).
+PACKED_LEAK_TOLERANCE = 1e-3
+
+
+@torch.no_grad()
+def packed_attention_leak(model: torch.nn.Module, head: str = "lm") -> float:
+    """How far the scores of a packed sequence move when the sequence packed before it changes.
+
+    Two packed rows of one forward, [A | B] and [A' | B] (A, A' 12 different random tokens, B 8
+    tokens, positions restarting at B): B's last 5 tokens are scored in both rows (log-probs, or
+    values for head="value"), and the largest absolute difference is returned. 0 when the model
+    confines attention to each packed sequence, as the packed layout assumes (transformers derives
+    a block-diagonal mask from the restarting position ids); a model that ignores them attends
+    from B to A, and B's scores then depend on A. Runs as any scoring pass does (sharded models
+    included: every rank must call it; resharded after), in eval mode, without gradients.
+    """
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    first = torch.randint(0, vocab, (2, 12), generator=g)  # [2, 12], A and A'
+    while torch.equal(first[0], first[1]):  # pragma: no cover - a tiny vocabulary's draw
+        first[1] = torch.randint(0, vocab, (12,), generator=g)
+    second = torch.randint(0, vocab, (1, 8), generator=g).expand(2, 8)  # [2, 8], B twice
+    input_ids = torch.cat([first, second], 1)  # [2, 20]
+    position_ids = torch.cat([torch.arange(12), torch.arange(8)]).expand(2, 20)  # [2, 20]
+    # B's response tokens 3..7 sit at columns 15..19 of each row, predicted by columns 14..18;
+    # flat indices into the 2 x 20 columns.
+    predict_index = torch.arange(14, 19) + torch.tensor([[0], [20]])  # [2, 5]
+    was_training = model.training
+    model.eval()
+    try:
+        if head == "value":
+            out = sequence_values(model, input_ids, None, 5, position_ids, predict_index)
+        else:
+            out, _ = sequence_logprobs(model, input_ids, None, 5, position_ids=position_ids,
+                                       predict_index=predict_index)
+    finally:
+        model.train(was_training)
+        if is_sharded(model):
+            # FSDP2 keeps a trained model's root gathered after a forward, for the backward that
+            # a probe never runs: shard it again, or an optimiser built next would hold the
+            # gathered tensors instead of the shards.
+            model.reshard()
+    return float((out[0] - out[1]).abs().max())  # [5] -> the largest move
+
+
+def check_packed_attention(model: torch.nn.Module, field: str, head: str = "lm") -> None:
+    """A ConfigError naming `field` (the config section whose packed layout scores `model`, e.g.
+    "policy") unless `packed_attention_leak` finds attention confined to each packed sequence:
+    with a model that lets it cross, packed micro-batches would silently score every sequence
+    partly on its neighbours."""
+    name = type(getattr(model, "module", model)).__name__
+    fix = (f"set {field}.max_tokens_per_micro_batch=0 (padded rows) or {field}.packing=sorted "
+           "(length-sorted padded rows)")
+    try:
+        leak = packed_attention_leak(model, head)
+    except (TypeError, ValueError, RuntimeError, IndexError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{field}.packing=packed: {name} cannot score packed sequences "
+                          f"({first}); {fix}") from None
+    if not leak <= PACKED_LEAK_TOLERANCE:
+        raise ConfigError(f"{field}.packing=packed: {name} lets attention cross packed sequences "
+                          f"(a sequence's scores moved by {leak:.3g} when the one packed before "
+                          f"it changed); {fix}")

@@ -280,3 +280,60 @@ def test_critic_values_and_gradients_agree_over_layouts(tiny_model_dir):
                                    msg=name)
         for k, g in grads(layout).items():
             torch.testing.assert_close(g, base_grads[k], rtol=0, atol=1e-6, msg=f"{name} {k}")
+
+
+def _leaky(model):
+    """`model` with its decoder made to ignore position ids, as a model whose attention does not
+    follow transformers' packed sequences would: every packed row becomes one causal sequence."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    forward = decoder.forward
+
+    def ignoring_positions(*args, **kwargs):
+        kwargs["position_ids"] = None
+        return forward(*args, **kwargs)
+
+    decoder.forward = ignoring_positions
+    return model
+
+
+def test_packed_attention_probe_passes_confined_models_and_names_leaking_ones(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from primekit.config import ConfigError
+    from primekit.models.logprobs import (
+        PACKED_LEAK_TOLERANCE,
+        check_packed_attention,
+        packed_attention_leak,
+    )
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).float().train()
+    assert packed_attention_leak(model) <= PACKED_LEAK_TOLERANCE
+    assert packed_attention_leak(model.to(torch.bfloat16)) <= PACKED_LEAK_TOLERANCE
+    assert model.training  # the probe runs in eval mode and restores the mode
+    check_packed_attention(model, "policy")  # nothing raised
+    critic = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    assert packed_attention_leak(critic, head="value") <= PACKED_LEAK_TOLERANCE
+    # A model whose attention crosses packed sequences: B's scores follow A's tokens.
+    leaky = _leaky(AutoModelForCausalLM.from_pretrained(tiny_model_dir).float())
+    assert packed_attention_leak(leaky) > 100 * PACKED_LEAK_TOLERANCE
+    with pytest.raises(ConfigError, match=r"prm\.packing=packed: Qwen2ForCausalLM lets attention "
+                                          r"cross packed sequences.*prm\.max_tokens_per_micro"):
+        check_packed_attention(leaky, "prm")
+    leaky_critic = _leaky(AutoModelForTokenClassification.from_pretrained(tiny_model_dir,
+                                                                          num_labels=1))
+    with pytest.raises(ConfigError, match="policy.packing=packed"):
+        check_packed_attention(leaky_critic, "policy", head="value")
+
+
+def test_the_trainer_probes_only_packed_sections(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from primekit.config import ConfigError, load_config, resolve_config
+    from primekit.factory import check_packing
+
+    leaky = _leaky(AutoModelForCausalLM.from_pretrained(tiny_model_dir).float())
+    cfg = load_config(resolve_config("tiny"), [f"model.policy={tiny_model_dir}"])
+    with pytest.raises(ConfigError, match="policy.packing=packed"):
+        check_packing(cfg, leaky, "policy")
+    for padded in (["policy.max_tokens_per_micro_batch=0"], ["policy.packing=sorted"]):
+        check_packing(load_config(resolve_config("tiny"), padded), leaky, "policy")  # no probe

@@ -113,3 +113,17 @@ def test_three_steps_follow_the_same_trajectory(rl_config):
             assert a[k] == pytest.approx(b[k], abs=1e-4), f"step {step + 1} {k}"
     for a, b in zip(t_pad.policy.parameters(), t_pack.policy.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("layout", ["packed-tokens", "sorted-tokens"])
+def test_every_packed_model_is_probed_before_training(rl_config, monkeypatch, layout):
+    # The policy and critic in the policy's micro-batches, the PRM and (PRIME) the reference in
+    # the PRM's: each model whose layout packs is probed once when the trainer is built.
+    import primekit.factory as factory
+
+    probed = []
+    monkeypatch.setattr(factory, "check_packed_attention",
+                        lambda model, section, head="lm": probed.append((section, head)))
+    build_rl_trainer(rl_config(*COMMON, *LAYOUTS[layout]))
+    expected = [("policy", "lm"), ("prm", "lm"), ("prm", "lm"), ("policy", "value")]
+    assert sorted(probed) == (sorted(expected) if layout == "packed-tokens" else [])
