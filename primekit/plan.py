@@ -10,7 +10,6 @@ step run one after another, so their transients never coexist.
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass, field
 from math import ceil
 from typing import NamedTuple
@@ -28,11 +27,12 @@ MAX_GPUS = 1024  # the "more GPUs" search stops here
 NOT_COUNTED = "not counted"
 
 
-def logprob_chunk() -> int:
-    """Response tokens per lm_head chunk of `sequence_logprobs` (its default, read from it)."""
-    from primekit.models.logprobs import sequence_logprobs
+def logprob_chunk(vocab: int) -> int:
+    """Scored tokens per lm_head chunk of `sequence_logprobs` for a vocabulary of `vocab` (its
+    default, `head_chunk_tokens`)."""
+    from primekit.models.logprobs import head_chunk_tokens
 
-    return inspect.signature(sequence_logprobs).parameters["chunk_size"].default
+    return head_chunk_tokens(vocab)
 
 
 def read_model_shape(source: str, trust_remote_code: bool = False,
@@ -92,37 +92,35 @@ def prm_rows(cfg: Config) -> int:
 
 class PassShape(NamedTuple):
     """The largest micro-batch of one model pass, as `primekit.models.memory` takes it: `rows`
-    rows of `seq` columns for the layers, `head_rows` rows of `response` scored tokens for the
-    output head (None: the same rows)."""
+    rows of `seq` columns for the layers, `scored` tokens in all for the output head."""
 
     rows: int
     seq: int
-    response: int
-    head_rows: int | None
+    scored: int
     note: str
 
 
 def pass_shape(rows: int, budget: int, packing: str, group: int, seq: int,
                response: int) -> PassShape:
     """The largest micro-batch of a pass cut by `rollout.batching.iter_layout`, for sequences
-    of at most `seq` tokens of which `response` are scored.
+    of at most `seq` tokens of which at most `response` are scored.
 
-    By rows (budget 0): `rows` padded rows of seq columns. By a token budget B: the columns a
-    micro-batch computes, padding included, stay within B (a single group of `group` rows may
-    exceed it alone) and within rows x seq, n = min(rows*seq, max(B, group*seq)). Packed, those n
-    columns lie in rows at most max(PACKED_ROW_FACTORS) = 2x the longest sequence wide, C =
-    min(2*seq, n), so n/C rows of C for the layers (the attention mask is [n/C, C, C]), and the
-    output head scores at most n tokens as one row (it chunks by tokens). Length-sorted padded
-    rows: n/seq rows of seq for the layers, and the head as many as `rows` rows of n/rows."""
+    By rows (budget 0): `rows` padded rows of seq columns, rows*response scored tokens. By a
+    token budget B: the columns a micro-batch computes, padding included, stay within B (a
+    single group of `group` rows may exceed it alone) and within rows x seq, n = min(rows*seq,
+    max(B, group*seq)), with at most min(n, rows*response) tokens scored. Packed, the n columns
+    lie in rows at most max(PACKED_ROW_FACTORS) = 2x the longest sequence wide, C = min(2*seq,
+    n), so n/C rows of C for the layers (the attention mask is [n/C, C, C]); length-sorted padded
+    rows are n/seq rows of seq."""
     if budget <= 0:
-        return PassShape(rows, seq, response, None, f"{rows} rows x {seq} tokens")
+        return PassShape(rows, seq, rows * response, f"{rows} rows x {seq} tokens")
     n = min(rows * seq, max(budget, group * seq))
+    scored = min(n, rows * response)
     if packing == "packed":
         width = min(int(max(PACKED_ROW_FACTORS) * seq), n)
-        return PassShape(ceil(n / width), width, n, 1,
+        return PassShape(ceil(n / width), width, scored,
                          f"packed: {n} tokens in rows of <= {width}")
-    return PassShape(ceil(n / seq), seq, min(response, ceil(n / rows)), rows,
-                     f"sorted: {n} tokens, <= {rows} rows")
+    return PassShape(ceil(n / seq), seq, scored, f"sorted: {n} tokens, <= {rows} rows")
 
 
 def policy_pass(cfg: Config, seq: int) -> PassShape:
@@ -248,20 +246,15 @@ def _scoring_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: i
     if cfg.algorithm.reward_mode == "prime":
         passes.append(prm_pass(cfg, seq))
 
-    def logits(p: PassShape) -> tuple[int, int]:  # one chunk of the head: rows, tokens
-        rows = p.rows if p.head_rows is None else p.head_rows
-        return rows, min(p.response, chunk)
-
     work = max(passes, key=lambda p: mem.forward_working_bytes(shape, p.rows, p.seq, cb))
-    head = max(passes, key=lambda p: logits(p)[0] * logits(p)[1])
-    rows, c = logits(head)
+    c = min(max(p.scored for p in passes), chunk)  # the head's largest chunk, in tokens
     plan.phases["scoring (no grad)"] = [
         ("all-gathered root + 2 layers", mem.gathered_bytes(shape, cb, trained=False),
          cfg.model.dtype),
         ("forward working set", mem.forward_working_bytes(shape, work.rows, work.seq, cb),
          work.note),
-        ("logits of one chunk", rows * c * shape.vocab * (cb + mem.FP32),
-         f"[{rows}, {c}, {shape.vocab}] {cfg.model.dtype} + fp32")]
+        ("logits of one chunk", c * shape.vocab * (cb + mem.FP32),
+         f"[{c}, {shape.vocab}] {cfg.model.dtype} + fp32")]
 
 
 def _update_phase(cfg: Config, shape: mem.ModelShape, chunk: int, mb: PassShape, head: str, *,
@@ -271,25 +264,24 @@ def _update_phase(cfg: Config, shape: mem.ModelShape, chunk: int, mb: PassShape,
     checkpointing off and on (the configured one counted), the larger backward moment."""
     cb = mem.DTYPE_BYTES[cfg.model.dtype]
     ckpt = cfg.parallel.activation_checkpointing
-    head_rows = mb.rows if mb.head_rows is None else mb.head_rows
-    c = min(mb.response, chunk)
-    kw = dict(entropy=entropy, chunk=chunk, head=head, head_rows=mb.head_rows)
+    c = min(mb.scored, chunk)
+    kw = dict(entropy=entropy, chunk=chunk, head=head)
     onoff = {False: "off", True: "on"}
     items = [("all-gathered root + 2 layers, grads", mem.gathered_bytes(
         shape, cb, trained=True, head=head), f"{cfg.model.dtype} params, fp32 grads")]
     for on in (False, True):
-        saved = mem.saved_activation_bytes(shape, mb.rows, mb.seq, mb.response, cb,
+        saved = mem.saved_activation_bytes(shape, mb.rows, mb.seq, mb.scored, cb,
                                            checkpointing=on, **kw)
-        peak = mem.activation_peak_bytes(shape, mb.rows, mb.seq, mb.response, cb,
+        peak = mem.activation_peak_bytes(shape, mb.rows, mb.seq, mb.scored, cb,
                                          checkpointing=on, **kw)
         where = mb.note if on == ckpt else f"{NOT_COUNTED} (checkpointing {onoff[ckpt]})"
         items.append((f"saved activations, checkpointing {onoff[on]}", saved,
                       f"{where}; with the backward: {peak / mem.GIB:.2f} GiB"))
-    moments = mem.backward_moments(shape, mb.rows, mb.seq, mb.response, cb, checkpointing=ckpt,
+    moments = mem.backward_moments(shape, mb.rows, mb.seq, mb.scored, cb, checkpointing=ckpt,
                                    **kw)
     larger = max(moments, key=moments.get)
     labels = {"logits": ("backward: logits of one chunk",
-                         f"[{head_rows}, {c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
+                         f"[{c}, {shape.vocab}] fp32 + {cfg.model.dtype}"),
               "layer": ("backward: one layer rebuilt + its gradients" if ckpt
                         else "backward: one layer's gradients", "")}
     for key, (label, note) in labels.items():
@@ -412,7 +404,7 @@ def run_plan(cfg: Config, *, gpus: int, gpu_mem_gib: float, prompt_len: int,
     source = model_config or cfg.model.policy
     shape = read_model_shape(source, cfg.model.trust_remote_code,
                              "--model-config" if model_config else "model.policy")
-    chunk = logprob_chunk()
+    chunk = logprob_chunk(shape.vocab)
     plan = build_plan(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib, prompt_len=prompt_len,
                       chunk=chunk)
     alts = [] if plan.fits else alternatives(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib,

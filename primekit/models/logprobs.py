@@ -73,7 +73,7 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
-    chunk_size: int = 512,
+    chunk_size: int | None = None,
     position_ids: torch.Tensor | None = None,
     predict_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -85,11 +85,12 @@ def sequence_logprobs(
     positions. Columns whose attention_mask is 0 (response padding) get 0 in both outputs.
 
     The rows are one forward pass: callers chunk rows and trim padding beforehand
-    (`primekit.rollout.batching.iter_micro_batches`). Memory: logits are never formed for prompt
-    columns. The backbone's hidden states for the T predicting columns go through lm_head in
-    chunks of chunk_size tokens; under autograd each chunk is checkpointed when there is more
-    than one, so only one chunk's [n, chunk, V] logits live at a time, also in backward (at the
-    price of recomputing the lm_head matmul).
+    (`primekit.rollout.batching.iter_micro_batches`). Memory: logits are formed only for the K
+    valid response tokens, never for prompt or padding columns: their predicting hidden states
+    [K, H] go through lm_head in chunks of chunk_size tokens (in all, not per row); under
+    autograd each chunk is checkpointed when there is more than one, so only one chunk's
+    [chunk, V] logits live at a time, also in backward (at the price of recomputing the lm_head
+    matmul).
 
     Args:
         model: a Hugging Face causal LM (decoder + lm_head).
@@ -98,7 +99,8 @@ def sequence_logprobs(
         response_len: T, with 1 <= T < L.
         temperature: logits are divided by it (> 0), matching the sampling distribution.
         compute_entropy: also return per-token entropies.
-        chunk_size: response tokens per lm_head chunk.
+        chunk_size: scored tokens per lm_head chunk; default `head_chunk_tokens(V)`, about 2^26
+            logits (512 tokens for a 150k vocabulary, one chunk for the tiny model's 259).
         position_ids, predict_index: the packed layout (`primekit.rollout.batching`): input_ids
             and position_ids [R, C] are packed rows (positions restart at 0 for each sequence,
             attention_mask None, so attention stays inside each sequence), and predict_index
@@ -125,7 +127,7 @@ def sequence_logprobs(
         raise ValueError(f"response_len must be an int in [1, {length - 1}], got {response_len!r}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
 
     runner = getattr(model, SCORE_METHOD, None)  # set by models.parallel.prepare_model
@@ -136,11 +138,25 @@ def sequence_logprobs(
                         compute_entropy, chunk_size, position_ids, predict_index)
 
 
+# Logits per lm_head chunk, fp32: 2^26 of them are 256 MiB (and the backward's copies a few times
+# that); 512 tokens of a 131k-152k vocabulary, as verl and OpenRLHF chunk their log-prob heads.
+HEAD_CHUNK_LOGITS = 2**26
+MIN_HEAD_CHUNK = 512
+
+
+def head_chunk_tokens(vocab: int) -> int:
+    """Scored tokens per lm_head chunk for a vocabulary of `vocab`: max(512, 2^26 // vocab)."""
+    return max(MIN_HEAD_CHUNK, HEAD_CHUNK_LOGITS // vocab)
+
+
 def _head_chunks(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
                  temperature: float, softcap: float | None, compute_entropy: bool,
-                 chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_token_logprobs_and_entropy` over dim 1 of hidden [n, T, H] in chunks of chunk_size,
-    each checkpointed under autograd when there is more than one: [n, T] twice."""
+                 chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_token_logprobs_and_entropy` over dim 1 of hidden [n, T, H] in chunks of chunk_size
+    (default `head_chunk_tokens`), each checkpointed under autograd when there is more than one:
+    [n, T] twice."""
+    if chunk_size is None:
+        chunk_size = head_chunk_tokens(getattr(head, "out_features", None) or head.weight.shape[0])
     T = hidden.shape[1]
     chunks = range(0, T, chunk_size)
     use_ckpt = torch.is_grad_enabled() and len(chunks) > 1
@@ -180,7 +196,7 @@ def _valid_columns(predict_index: torch.Tensor, device: torch.device,
 
 def _score_packed(model: PreTrainedModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
                   predict_index: torch.Tensor, temperature: float, compute_entropy: bool,
-                  chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`score_tokens` on packed rows: one backbone forward over [R, C] with no attention mask
     (transformers builds the block-diagonal causal mask from the restarting position ids), then
     the lm_head on the K valid predicting columns only, scattered back to [n, T]."""
@@ -201,7 +217,8 @@ def _score_packed(model: PreTrainedModel, input_ids: torch.Tensor, position_ids:
 
 def score_tokens(model: PreTrainedModel, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor | None, response_len: int, temperature: float,
-                 compute_entropy: bool, chunk_size: int, position_ids: torch.Tensor | None = None,
+                 compute_entropy: bool, chunk_size: int | None,
+                 position_ids: torch.Tensor | None = None,
                  predict_index: torch.Tensor | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The computation of `sequence_logprobs` (arguments checked there). It is the forward
@@ -212,19 +229,26 @@ def score_tokens(model: PreTrainedModel, input_ids: torch.Tensor,
     length = input_ids.shape[1]
     backbone, head, softcap = _backbone_and_head(model)
     device = next(model.parameters()).device
-    ids, mask = input_ids.to(device), attention_mask.to(device).long()  # [N, L]
     T = response_len
+    # The valid response tokens, selected where the mask lives (the CPU, as the layout builds
+    # it), so that a GPU never waits for their number mid-pass.
+    valid = attention_mask[:, length - T :].bool()  # [N, T]
+    row, t = valid.nonzero(as_tuple=True)  # [K] each
+    # Response token t of row i sits at column L - T + t, predicted by the one before: flat
+    # indices into the N*L columns, as the packed layout's predict_index.
+    flat = (row * length + length - T - 1 + t).to(device)  # [K]
+    valid = valid.to(device)
+    ids, mask = input_ids.to(device), attention_mask.to(device).long()  # [N, L]
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
     hidden = backbone(
         input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state  # [N, L, H]
-    hidden = hidden[:, length - T - 1 : length - 1]  # [N, T, H], the predicting columns
-    targets = ids[:, length - T :]  # [N, T]
-    lp, ent = _head_chunks(hidden, targets, head, temperature, softcap, compute_entropy,
-                           chunk_size)  # [N, T]
-    response_mask = mask[:, length - T :]  # [N, T]
-    logprobs = lp * response_mask  # [N, T]
-    entropy = ent * response_mask if compute_entropy else None  # [N, T]
+    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]  # [K, H], the predicting columns
+    targets = ids.reshape(-1)[flat + 1]  # [K]
+    lp, ent = _head_chunks(hidden[None], targets[None], head, temperature, softcap,
+                           compute_entropy, chunk_size)  # [1, K]
+    logprobs = lp.new_zeros(valid.shape).masked_scatter(valid, lp[0])  # [N, T]
+    entropy = ent.new_zeros(valid.shape).masked_scatter(valid, ent[0]) if compute_entropy else None
     return logprobs, entropy
 
 

@@ -147,28 +147,27 @@ def layer_activation_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: in
     return rows * seq * per_token + rows * seq * seq * compute_bytes
 
 
-def saved_activation_bytes(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int,
+def saved_activation_bytes(s: ModelShape, rows: int, seq: int, scored: int, compute_bytes: int,
                            *, checkpointing: bool, entropy: bool, chunk: int,
-                           head: str = "lm", head_rows: int | None = None) -> int:
+                           head: str = "lm") -> int:
     """Bytes autograd keeps after the forward of `primekit.models.logprobs.sequence_logprobs`
-    (rows x seq tokens, of which `response` per row are scored), before the backward starts.
+    (rows x seq columns, of which `scored` tokens in all are scored), before the backward starts.
 
-    head_rows: the rows the output head sees, `response` scored tokens each (default: rows). A
-    packed micro-batch (`pass_shape`) is r packed rows of C columns for the layers and one row of
-    its K scored tokens for the head, which `sequence_logprobs` chunks by tokens.
+    The layers see rows x seq columns (n = rows*seq; packed micro-batches are rows of their
+    packed width, `primekit.plan.pass_shape`); the output head sees only the K = `scored` valid
+    response tokens, gathered into one row and cut into chunks of `chunk` tokens.
 
     layers: L * layer_activation_bytes, or with activation checkpointing per layer only each
         layer's input, L * n * c_b * h
     rotary cos and sin (not under checkpointing): 2 * n * c_b * d
     final RMSNorm: n * (4h + c_b*h + 4)
-    head, when the response fits one chunk (response <= chunk): the lm_head input copy
-        rows*T*c_b*h and the fp32 logits rows*T*V*4 (twice with entropy: softmax); with more
-        chunks every chunk is checkpointed and only the final hidden states n*c_b*h stay
-        (packed: the t = head_rows*T gathered ones, t*c_b*h)
-    integer ids (positions, targets, gather index) and the fp32 logsumexp: n*8 + rows*T*(8+4)
-    With head="value" (the critic's one-label head) the head keeps only its input, n*c_b*h.
+    head: the gathered hidden states K*c_b*h (the lm_head input, or the checkpointed chunks'),
+        and with one chunk (K <= chunk) the fp32 logits K*V*4 (twice with entropy: softmax)
+    integer ids (positions, targets, gather index) and the fp32 logsumexp: n*8 + K*(8+4)
+    With head="value" (the critic's one-label head, over every column) the head keeps only its
+    input, n*c_b*h.
     """
-    n, t, h = rows * seq, (rows if head_rows is None else head_rows) * response, s.hidden
+    n, k, h = rows * seq, scored, s.hidden
     if checkpointing:
         total = s.layers * n * compute_bytes * h
     else:
@@ -177,11 +176,10 @@ def saved_activation_bytes(s: ModelShape, rows: int, seq: int, response: int, co
     total += n * (FP32 * h + compute_bytes * h + FP32)
     if head == "value":
         return total + n * compute_bytes * h + n * 8
-    if response <= chunk:
-        total += t * compute_bytes * h + t * s.vocab * FP32 * (2 if entropy else 1)
-    else:  # the chunks' input: the last hidden states, or (packed) those gathered for the head
-        total += (n if head_rows is None else t) * compute_bytes * h
-    return total + n * 8 + t * (8 + FP32)
+    total += k * compute_bytes * h
+    if k <= chunk:
+        total += k * s.vocab * FP32 * (2 if entropy else 1)
+    return total + n * 8 + k * (8 + FP32)
 
 
 def layer_backward_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int) -> int:
@@ -193,65 +191,59 @@ def layer_backward_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int)
     return rows * seq * compute_bytes * (s.hidden + 2 * s.intermediate)
 
 
-def head_saved_bytes(s: ModelShape, rows: int, response: int, compute_bytes: int, *,
+def head_saved_bytes(s: ModelShape, scored: int, compute_bytes: int, *,
                      entropy: bool, chunk: int, head: str = "lm") -> int:
     """The part of `saved_activation_bytes` that the output head's backward frees before the
-    layers' backward starts: with one chunk, the lm_head input copy and the fp32 logits
-    (and softmax); with more chunks (checkpointed) or a value head, nothing worth counting."""
-    if head != "lm" or response > chunk:
+    layers' backward starts: with one chunk, the lm_head input and the fp32 logits (and
+    softmax); with more chunks (checkpointed) or a value head, nothing worth counting."""
+    if head != "lm" or scored > chunk:
         return 0
-    t = rows * response
-    return t * compute_bytes * s.hidden + t * s.vocab * FP32 * (2 if entropy else 1)
+    return scored * compute_bytes * s.hidden + scored * s.vocab * FP32 * (2 if entropy else 1)
 
 
-def logits_backward_bytes(s: ModelShape, rows: int, response: int, compute_bytes: int, *,
+def logits_backward_bytes(s: ModelShape, scored: int, compute_bytes: int, *,
                           entropy: bool, chunk: int) -> int:
-    """The output head's extra memory in the backward, over one chunk of c = min(T, chunk)
-    response tokens (counted from sequence_logprobs).
+    """The output head's extra memory in the backward, over one chunk of c = min(K, chunk) of
+    the K = `scored` tokens (counted from sequence_logprobs).
 
-    The gradient of the logits in fp32 and in the compute dtype: rows*c*V*(4 + c_b); with more
-    than one chunk the chunk is recomputed first, adding its fp32 logits (and softmax with
-    entropy): rows*c*V*4 (*2). The logits [rows, c, V] are the largest tensors of a step: for
-    V = 152064, 8 rows and c = 512 one fp32 copy is 2.5 GB (unchunked, 3072 response tokens
-    would be 15 GB).
+    The gradient of the logits in fp32 and in the compute dtype: c*V*(4 + c_b); with more than
+    one chunk the chunk is recomputed first, adding its fp32 logits (and softmax with entropy):
+    c*V*4 (*2). The logits [c, V] are the largest tensors of a step: for V = 152064 and c = 512
+    one fp32 copy is 0.3 GB (unchunked, 8 responses of 3072 tokens would be 15 GB).
     """
-    c = min(response, chunk)
-    extra = rows * c * s.vocab * (FP32 + compute_bytes)
-    if response > chunk:
-        extra += rows * c * s.vocab * FP32 * (2 if entropy else 1)
+    c = min(scored, chunk)
+    extra = c * s.vocab * (FP32 + compute_bytes)
+    if scored > chunk:
+        extra += c * s.vocab * FP32 * (2 if entropy else 1)
     return extra
 
 
-def backward_moments(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int, *,
+def backward_moments(s: ModelShape, rows: int, seq: int, scored: int, compute_bytes: int, *,
                      checkpointing: bool, entropy: bool, chunk: int,
-                     head: str = "lm", head_rows: int | None = None) -> dict[str, int]:
+                     head: str = "lm") -> dict[str, int]:
     """Memory on top of the saved activations at the two high points of the backward.
 
     "logits": first, the output head's backward (logits_backward_bytes; 0 for a value head).
     "layer": then each layer's backward: its gradients (layer_backward_bytes) and, under
     checkpointing, its recomputed activations, less what the head's backward has freed.
-    The activation peak is the saved activations plus the larger of the two. head_rows: as in
-    `saved_activation_bytes`.
+    The activation peak is the saved activations plus the larger of the two.
     """
-    head_rows = rows if head_rows is None else head_rows
     layer = layer_backward_bytes(s, rows, seq, compute_bytes)
     if checkpointing:
         layer += layer_activation_bytes(s, rows, seq, compute_bytes)
-    layer -= head_saved_bytes(s, head_rows, response, compute_bytes, entropy=entropy, chunk=chunk,
-                              head=head)
-    logits = (logits_backward_bytes(s, head_rows, response, compute_bytes, entropy=entropy,
-                                    chunk=chunk) if head == "lm" else 0)
+    layer -= head_saved_bytes(s, scored, compute_bytes, entropy=entropy, chunk=chunk, head=head)
+    logits = (logits_backward_bytes(s, scored, compute_bytes, entropy=entropy, chunk=chunk)
+              if head == "lm" else 0)
     return {"logits": logits, "layer": max(layer, 0)}
 
 
-def activation_peak_bytes(s: ModelShape, rows: int, seq: int, response: int, compute_bytes: int,
+def activation_peak_bytes(s: ModelShape, rows: int, seq: int, scored: int, compute_bytes: int,
                           *, checkpointing: bool, entropy: bool, chunk: int,
-                          head: str = "lm", head_rows: int | None = None) -> int:
+                          head: str = "lm") -> int:
     """Activation memory at its peak: saved activations + the larger backward moment."""
-    kw = dict(checkpointing=checkpointing, entropy=entropy, chunk=chunk, head=head,
-              head_rows=head_rows)
-    saved = saved_activation_bytes(s, rows, seq, response, compute_bytes, **kw)
-    return saved + max(backward_moments(s, rows, seq, response, compute_bytes, **kw).values())
+    kw = dict(checkpointing=checkpointing, entropy=entropy, chunk=chunk, head=head)
+    saved = saved_activation_bytes(s, rows, seq, scored, compute_bytes, **kw)
+    return saved + max(backward_moments(s, rows, seq, scored, compute_bytes, **kw).values())
 
 
 def forward_working_bytes(s: ModelShape, rows: int, seq: int, compute_bytes: int) -> int:

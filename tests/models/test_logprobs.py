@@ -91,18 +91,24 @@ def test_gradients_equal_with_and_without_chunking(model64):
     assert grads[0]["model.layers.0.self_attn.q_proj.weight"].abs().sum() > 0
 
 
-def test_only_response_columns_reach_lm_head(model64):
-    # With chunk_size=2 and T=5, lm_head sees chunks of 2, 2 and 1 response positions, never the
-    # prompt: the memory bound the trainer relies on.
+def test_only_valid_response_tokens_reach_lm_head(model64):
+    # The 5 + 2 + 0 + 5 + 1 + 3 = 16 valid response tokens, in chunks of chunk_size tokens in all:
+    # never a prompt or padding column (the memory bound the trainer relies on). By default one
+    # chunk holds max(512, 2^26 // 259) tokens: all 16.
+    from primekit.models.logprobs import head_chunk_tokens
+
     seen = []
     hook = model64.lm_head.register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
     try:
         ids, mask = _ragged_batch()
         with torch.no_grad():
-            sequence_logprobs(model64, ids, mask, T, chunk_size=2)
+            sequence_logprobs(model64, ids, mask, T, chunk_size=6)
+            sequence_logprobs(model64, ids, mask, T)
     finally:
         hook.remove()
-    assert seen == [(6, 2, 259), (6, 2, 259), (6, 1, 259)]
+    assert seen == [(1, 6, 259), (1, 6, 259), (1, 4, 259), (1, 16, 259)]
+    # 2^26 // 259 = 259,107 tokens; 2^26 // 152,064 = 441, raised to 512.
+    assert head_chunk_tokens(259) == 259_107 and head_chunk_tokens(152_064) == 512
 
 
 def test_bad_arguments(model64):
