@@ -138,8 +138,9 @@ def sequence_logprobs(
                         compute_entropy, chunk_size, position_ids, predict_index)
 
 
-# Logits per lm_head chunk, fp32: 2^26 of them are 256 MiB (and the backward's copies a few times
-# that); 512 tokens of a 131k-152k vocabulary, as verl and OpenRLHF chunk their log-prob heads.
+# Logits per lm_head chunk: 2^26 of them are 256 MiB in fp32, and the backward holds a few such
+# copies (`primekit.models.memory.logits_backward_bytes`); about 512 tokens of a 131k-152k
+# vocabulary, and never fewer than 512 tokens.
 HEAD_CHUNK_LOGITS = 2**26
 MIN_HEAD_CHUNK = 512
 
@@ -261,8 +262,10 @@ def micro_batch_logprobs(model: PreTrainedModel, mb: MicroBatch, *, compute_entr
                                  compute_entropy=compute_entropy,
                                  position_ids=mb.position_ids.to(device),
                                  predict_index=mb.predict_index)
-    return sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                             mb.response_len, compute_entropy=compute_entropy)
+    # The padded rows stay where the layout built them (the CPU): score_tokens selects their
+    # valid tokens there and moves the rest, so a GPU never waits on that selection.
+    return sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.response_len,
+                             compute_entropy=compute_entropy)
 
 
 @torch.no_grad()
