@@ -30,20 +30,6 @@ from rich.table import Table
 
 from primekit.config import load_config, resolve_config
 from primekit.factory import build_rl_trainer
-from primekit.rollout.batching import row_chunks
-
-
-def padding_share(trainer) -> float:
-    """Share of the tokens computed by the last update's policy micro-batches (the layout every
-    policy, PRM and reference pass of the demo shares, up to whole groups) that are padding."""
-    from primekit.rollout.batching import iter_layout
-
-    batch = trainer.last_experience.batch
-    valid = int(batch.prompt_mask.sum() + batch.response_mask.sum())
-    computed = 0
-    for mini in row_chunks(len(batch.responses), trainer.mini_batch_rows):
-        computed += sum(mb.tokens_computed for mb in iter_layout(batch, trainer.layout, mini))
-    return 1 - valid / computed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 timings[mode][-1]["rows"] = metrics.get("filter/groups_kept", 0.0)
                 timings[mode][-1]["rounds"] = metrics.get("filter/rounds", 0.0)
                 timings[mode][-1]["tok_s"] = metrics.get("throughput/rollout_tokens_per_s", 0.0)
-                if trainer.last_experience is not None:
-                    timings[mode][-1]["padding"] = padding_share(trainer)
+                if "throughput/update_padding" in metrics:  # the policy update's columns
+                    timings[mode][-1]["padding"] = metrics["throughput/update_padding"]
         print(f"step {step + 1}/{args.warmup + args.steps}", file=sys.stderr)
 
     not_phases = {"step", "rows", "rounds", "tok_s", "padding"}

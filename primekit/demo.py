@@ -209,6 +209,13 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
     pairwise, span = second_half_pairwise(history[:-1])
     if pairwise is not None:
         console.print(f"PRM pairwise accuracy over steps {span}: {pairwise:.3f} (0.5 = chance)")
+    update_padding = [m["throughput/update_padding"] for m in history[:-1]
+                      if "throughput/update_padding" in m]
+    rl_padding = sum(update_padding) / len(update_padding) if update_padding else None
+    if rl_padding is not None:
+        console.print(f"padding computed: {100 * sft['sft/padding']:.1f}% of the SFT forwards' "
+                      f"columns, {100 * rl_padding:.1f}% of the policy update's "
+                      "(docs/performance.md)")
     console.print(f"peak memory (RSS) of this process: {peak_rss_gib():.2f} GiB")
     prm_line = (f"\nthe PRM's initial SFT model: {prm_cfg.sft.out_dir}" if prm_cfg is not None
                 else "")
@@ -219,6 +226,9 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
                "prm_from": cfg.model.prm or cfg.model.policy}
     if prm_sft is not None:
         summary["prm_sft_wall_s"] = prm_sft["sft/wall_s"]
+    summary["sft_padding"] = sft["sft/padding"]
+    if rl_padding is not None:
+        summary["update_padding"] = rl_padding
     if pairwise is not None:
         summary["prm_pairwise_second_half"] = pairwise
     summary["peak_rss_gib"] = peak_rss_gib()

@@ -386,6 +386,7 @@ class RLTrainer:
             group["lr"] = lr
         self.policy.train()
         sums, count, skipped = MetricSums(), 0, 0
+        columns = valid = 0  # the micro-batches' columns (padding included) and real tokens
         for _ in range(cfg.ppo_epochs):
             for mini in row_chunks(len(exp), self.mini_batch_rows):
                 self.policy_opt.zero_grad(set_to_none=True)
@@ -395,6 +396,8 @@ class RLTrainer:
                 total = dist.all_reduce_sum(local)
                 for mb in iter_layout(exp.batch, self.layout, rows=mini):
                     rows, t = mb.rows, mb.response_len
+                    columns += mb.tokens_computed
+                    valid += int(exp.batch.prompt_mask[rows].sum() + exp.batch.response_mask[rows].sum())
                     lp, ent = micro_batch_logprobs(self.policy, mb, compute_entropy=True)
                     lp = lp.float()  # [n, t]
                     m = exp.response_mask[rows, :t].to(lp.device)  # [n, t]
@@ -427,7 +430,12 @@ class RLTrainer:
                     continue
                 sums.add({"policy/grad_norm": norm}, weight=len(mini))
         self.policy.eval()
-        return {**sums.means(count), "policy/lr": lr, "policy/nonfinite_skipped": skipped}
+        # Over all ranks: the share of the columns the update's forwards computed that is
+        # padding (padded rows' prompt and response padding, packed rows' trailing columns).
+        columns, valid = dist.all_reduce_sum(torch.tensor([columns, valid], dtype=torch.float64))
+        padding = {"throughput/update_padding": 1 - valid / columns} if columns > 0 else {}
+        return {**sums.means(count), "policy/lr": lr, "policy/nonfinite_skipped": skipped,
+                **padding}
 
     def _sample_rows(self) -> list[dict]:
         """samples.jsonl rows of the last update's batch ([] after a skipped step)."""

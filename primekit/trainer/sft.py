@@ -47,15 +47,19 @@ def response_token_loss(logprobs: torch.Tensor, response_mask: torch.Tensor,
 
 def sft_backward(model, batch: RolloutBatch, layout: Layout) -> dict:
     """Forward and backward of one SFT batch, micro-batch by micro-batch (gradients accumulate
-    in the parameters' .grad): the batch's loss and response tokens."""
-    n_tokens, total = int(batch.response_mask.sum()), None
+    in the parameters' .grad): the batch's loss, response tokens, and the columns its forwards
+    computed (padding included) with the share of them that is padding."""
+    n_tokens, total, columns = int(batch.response_mask.sum()), None, 0
     for mb in iter_layout(batch, layout):
         logprobs, _ = micro_batch_logprobs(model, mb)  # [n, t]
         loss, _ = response_token_loss(logprobs, mb.response_mask.to(logprobs.device), n_tokens)
         loss.backward()
+        columns += mb.tokens_computed
         # Summed on the model's device: one synchronisation per batch, not per micro-batch.
         total = loss.detach() if total is None else total + loss.detach()
-    return {"sft/loss": total.item(), "sft/tokens": n_tokens}
+    valid = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+    return {"sft/loss": total.item(), "sft/tokens": n_tokens, "sft/columns": columns,
+            "sft/padding": 1 - valid / columns}
 
 
 def sft_layout(section: SFTConfig) -> Layout:
@@ -121,6 +125,7 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
     logger = MetricLogger(logs, report_to=cfg.train.report_to, run_config=cfg.to_dict())
     start = time.perf_counter()
     last: dict = {}
+    columns = padding = 0.0  # over every step: the forwards' columns, and how many were padding
     with Progress(total=s.steps, description="SFT") as progress:
         for step in range(s.steps):
             if cursor + s.batch_size > len(order):
@@ -136,6 +141,8 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
                 group["lr"] = lr_at(step)
             optimizer.zero_grad(set_to_none=True)
             metrics = sft_backward(model, batch, layout)
+            columns += metrics["sft/columns"]
+            padding += metrics["sft/padding"] * metrics["sft/columns"]
             # Clip, check the gradient norm and the updated weights (train.on_nonfinite).
             grad_norm, _ = guarded_step("sft", model, optimizer, grad_clip=s.grad_clip,
                                         mode=cfg.train.on_nonfinite, step=step + 1,
@@ -153,7 +160,8 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
         raise NonFiniteError(f"sft: weight {bad} is not finite; sft.out_dir was not written")
     save_model(model, tokenizer, out_dir)
     return {"sft/final_loss": last.get("sft/loss", float("nan")), "sft/steps": s.steps,
-            "sft/wall_s": time.perf_counter() - start, "sft/out_dir": str(out_dir)}
+            "sft/wall_s": time.perf_counter() - start, "sft/out_dir": str(out_dir),
+            "sft/padding": padding / columns if columns else 0.0}
 
 
 def _solution(problem: Problem) -> str:

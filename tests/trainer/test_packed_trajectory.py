@@ -127,3 +127,20 @@ def test_every_packed_model_is_probed_before_training(rl_config, monkeypatch, la
     build_rl_trainer(rl_config(*COMMON, *LAYOUTS[layout]))
     expected = [("policy", "lm"), ("prm", "lm"), ("prm", "lm"), ("policy", "value")]
     assert sorted(probed) == (sorted(expected) if layout == "packed-tokens" else [])
+
+
+@pytest.mark.parametrize("layout", ["padded-rows", "packed-tokens"])
+def test_the_update_reports_the_padding_its_forwards_compute(rl_config, layout):
+    # throughput/update_padding against the policy update's own micro-batches: the columns they
+    # compute (padding included) and the batch's real tokens, over every epoch.
+    from primekit.rollout.batching import iter_layout, row_chunks
+
+    trainer = build_rl_trainer(rl_config(*COMMON, *LAYOUTS[layout], "policy.ppo_epochs=2"))
+    metrics = trainer.train_step()
+    batch = trainer.last_experience.batch
+    columns = sum(mb.tokens_computed for mini in row_chunks(len(batch.responses),
+                                                             trainer.mini_batch_rows)
+                  for mb in iter_layout(batch, trainer.layout, mini))
+    valid = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+    assert metrics["throughput/update_padding"] == pytest.approx(1 - valid / columns)
+    assert 0 < metrics["throughput/update_padding"] < 1

@@ -118,3 +118,19 @@ def test_runs_into_one_parent_build_their_own_initial_models(tmp_path):
     assert not torch.equal(init_a[key], init_b[key])  # seeds 0 and 1
     # sft.steps=0 saves the initial model as it was built.
     assert torch.equal(load_file(tmp_path / "a" / "model.safetensors")[key], init_a[key])
+
+
+@pytest.mark.parametrize("max_tokens,columns", [(0, 68), (64, 48)])
+def test_sft_reports_the_padding_it_computes(tiny_model_dir, max_tokens, columns):
+    # Prompt + response (EOS included) lengths 3 + 6, 1 + 12, 5 + 2 and 2 + 12: 43 tokens.
+    # One padded micro-batch: 4 rows x (5 + 12) = 68 columns, 25 of them padding. Packed: rows of
+    # 24 columns (1x-2x the longest, 14, whichever computes fewest), [14 | 9] and [13 | 7]: 48
+    # columns, 5 of them padding.
+    from primekit.models.hf import load_model
+
+    model = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu")
+    batch = batch_from_texts(CharTokenizer(), PROMPTS, RESPONSES)
+    layout = sft_layout(SFTConfig(batch_size=4, max_tokens_per_micro_batch=max_tokens))
+    metrics = sft_backward(model, batch, layout)
+    assert metrics["sft/columns"] == columns
+    assert metrics["sft/padding"] == pytest.approx(1 - 43 / columns)
