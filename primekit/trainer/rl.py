@@ -386,7 +386,7 @@ class RLTrainer:
             group["lr"] = lr
         self.policy.train()
         sums, count, skipped = MetricSums(), 0, 0
-        columns = valid = 0  # the micro-batches' columns (padding included) and real tokens
+        columns = 0  # the micro-batches' columns, padding included
         for _ in range(cfg.ppo_epochs):
             for mini in row_chunks(len(exp), self.mini_batch_rows):
                 self.policy_opt.zero_grad(set_to_none=True)
@@ -397,7 +397,6 @@ class RLTrainer:
                 for mb in iter_layout(exp.batch, self.layout, rows=mini):
                     rows, t = mb.rows, mb.response_len
                     columns += mb.tokens_computed
-                    valid += int(exp.batch.prompt_mask[rows].sum() + exp.batch.response_mask[rows].sum())
                     lp, ent = micro_batch_logprobs(self.policy, mb, compute_entropy=True)
                     lp = lp.float()  # [n, t]
                     m = exp.response_mask[rows, :t].to(lp.device)  # [n, t]
@@ -432,6 +431,8 @@ class RLTrainer:
         self.policy.eval()
         # Over all ranks: the share of the columns the update's forwards computed that is
         # padding (padded rows' prompt and response padding, packed rows' trailing columns).
+        # Every row is in one micro-batch per epoch: its real tokens count once per epoch.
+        valid = cfg.ppo_epochs * int(exp.batch.prompt_mask.sum() + exp.batch.response_mask.sum())
         columns, valid = dist.all_reduce_sum(torch.tensor([columns, valid], dtype=torch.float64))
         padding = {"throughput/update_padding": 1 - valid / columns} if columns > 0 else {}
         return {**sums.means(count), "policy/lr": lr, "policy/nonfinite_skipped": skipped,
