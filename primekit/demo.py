@@ -226,6 +226,7 @@ def _phases(run_dir: Path, cfg, phase: list[str]) -> dict:
                "prm_from": cfg.model.prm or cfg.model.policy}
     if prm_sft is not None:
         summary["prm_sft_wall_s"] = prm_sft["sft/wall_s"]
+        summary["prm_sft_padding"] = prm_sft["sft/padding"]
     summary["sft_padding"] = sft["sft/padding"]
     if rl_padding is not None:
         summary["update_padding"] = rl_padding

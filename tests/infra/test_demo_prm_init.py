@@ -60,6 +60,7 @@ def test_the_demos_prm_starts_where_prm_init_says(tmp_path):
     assert summary["prm_from"] == str(run / "sft-prm") and summary["prm_sft_wall_s"] > 0
     # The padding its forwards computed, SFT's and the policy update's (both packed): shares.
     assert 0 <= summary["sft_padding"] < 1 and 0 <= summary["update_padding"] < 1
+    assert 0 <= summary["prm_sft_padding"] < 1
     policy, prm = load_model(str(run / "sft")), load_model(str(run / "sft-prm"))
     # Another seed: another initial model and data order, so other weights.
     assert not torch.equal(policy.get_input_embeddings().weight, prm.get_input_embeddings().weight)
