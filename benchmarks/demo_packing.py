@@ -26,6 +26,7 @@ the padding's priced share, and of their per-seed difference.
 Usage:
     python benchmarks/demo_packing.py --seeds 0 1 2 3 4 [--out runs/bench-demo-packing]
     python benchmarks/demo_packing.py --seeds 0 1 2 3 4 --report   # tables only, nothing run
+    python benchmarks/demo_packing.py --seeds 0 1 --out /tmp/d train.steps=10   # a smaller demo
 """
 
 from __future__ import annotations
@@ -45,15 +46,15 @@ RL_PASSES = ("timing/old_logprobs", "timing/ref_logprobs", "timing/prm_update",
              "timing/policy_update")
 
 
-def run_side(out: Path, seed: int, side: str) -> None:
+def run_side(out: Path, seed: int, side: str, overrides: list[str]) -> None:
     """`primekit demo` for one seed and side, in a child process (its own peak RSS), unless its
-    summary.json is already there."""
+    summary.json is already there; `overrides` go to both sides."""
     run_dir = out / f"seed{seed}-{side}"
     if (run_dir / "summary.json").is_file():
         print(f"seed {seed} {side}: done already ({run_dir})", flush=True)
         return
     argv = ["demo", "--run-dir", str(run_dir), f"sft.seed={seed}", f"train.seed={seed}",
-            *(PADDED if side == "padded" else [])]
+            *overrides, *(PADDED if side == "padded" else [])]
     print(f"seed {seed} {side}: primekit {' '.join(argv)}", flush=True)
     code = "import sys; from primekit.cli import main; sys.exit(main(sys.argv[1:]))"
     with (out / f"seed{seed}-{side}.log").open("w") as log:
@@ -133,12 +134,14 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-demo-packing"))
     parser.add_argument("--report", action="store_true", help="print the tables; run nothing")
+    parser.add_argument("overrides", nargs="*",
+                        help="config overrides for both sides (the demo's own by default)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         for seed in args.seeds:
             for side in (SIDES if seed % 2 == 0 else SIDES[::-1]):
-                run_side(args.out, seed, side)
+                run_side(args.out, seed, side, args.overrides)
     report(args.out, args.seeds)
     return 0
 

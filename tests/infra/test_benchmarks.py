@@ -49,13 +49,40 @@ def assert_line(pattern: str, out: str) -> None:
     assert re.search(pattern, out, re.MULTILINE), f"no line matching {pattern!r} in:\n{out}"
 
 
-TESTED = {"idle_core", "op_profile", "packing", "rollout", "scaling", "sft_step", "step_time",
+TESTED = {"demo_packing", "idle_core", "op_profile", "packing", "rollout", "scaling", "sft_step", "step_time",
           "verifiers", "vs_trl", "weight_sync"}
 
 
 def test_every_benchmark_has_a_test():
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == TESTED, "add a test here for each script in benchmarks/"
+
+
+def test_demo_packing(tmp_path):
+    # Two seeds of a demo made small, each packed and padded: four demos, then the tables.
+    small = ["sft.steps=4", "sft.threads=1", "train.steps=2", "train.threads=1",
+             "data.num_train=64", "data.num_eval=4", "eval.num_problems=4", "eval.k=1",
+             "train.prompts_per_step=2", "rollout.max_new_tokens=8", "filter.enabled=false",
+             "train.report_to=[]"]
+    out = run_benchmark("demo_packing", "--seeds", 0, 1, "--out", tmp_path / "d", *small,
+                        tmp_path=tmp_path)
+    for seed in (0, 1):
+        for side in ("padded", "packed"):
+            assert_line(rf"^\| {seed} {side} \| {NUMBER} \| {NUMBER} \| {NUMBER}% / {NUMBER}% \| ",
+                        out)
+        assert_line(rf"^\| {seed}: saved \| \*\*-?{NUMBER}%\*\* \| padding priced at "
+                    rf"\*\*-?{NUMBER}%\*\*", out)
+    # The seeds' order alternates: seed 0 packed first, seed 1 padded first.
+    assert out.index("seed 0 packed: primekit demo") < out.index("seed 0 padded: primekit demo")
+    assert out.index("seed 1 padded: primekit demo") < out.index("seed 1 packed: primekit demo")
+    for name in ("wall time saved", "padding's priced share", "saved - priced share"):
+        assert_line(rf"^{name}: mean [+-]{NUMBER}% \(95% t-interval [+-]{NUMBER} to "
+                    rf"[+-]{NUMBER}, n 2\)$", out)
+    # Finished demos are not run again: --report and a second run print the same tables.
+    again = run_benchmark("demo_packing", "--seeds", 0, 1, "--out", tmp_path / "d", *small,
+                          tmp_path=tmp_path)
+    assert "done already" in again and "primekit demo --run-dir" not in again
+    assert again.split("| seed, side")[1] == out.split("| seed, side")[1]
 
 
 def test_idle_core(tiny_model_dir, tmp_path):
