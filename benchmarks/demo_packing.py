@@ -21,7 +21,10 @@ a share p_padded padding, and p_packed once packed, lost 1 - (1 - p_padded) / (1
 its columns; that share of its padded time, summed over the SFTs and the RL passes and divided by
 the padded demo's wall time, is the time the padding cost. The criterion (issue 20): the demo's
 wall time falls by at least that share. Over seeds: mean and 95% t-interval of the time saved, of
-the padding's priced share, and of their per-seed difference.
+the padding's priced share, and of their per-seed difference; and, phase by phase, how far the
+SFTs' and the RL passes' time fell against the columns packing removed from them, and how the
+rollout's time per sampled token moved (no padding there: the machine's drift between the sides
+and the draws' differences).
 
 Usage:
     python benchmarks/demo_packing.py --seeds 0 1 2 3 4 [--out runs/bench-demo-packing]
@@ -99,6 +102,9 @@ def priced(packed: dict, padded: dict) -> float:
 
 def report(out: Path, seeds: list[int]) -> None:
     rows, saved, share = [], [], []
+    phase: dict[str, list[float]] = {k: [] for k in (
+        "SFT time fell", "SFT columns removed", "RL passes' time fell",
+        "RL passes' columns removed", "rollout time per sampled token changed")}
     for seed in seeds:
         dirs = {side: out / f"seed{seed}-{side}" for side in SIDES}
         if not all((d / "summary.json").is_file() for d in dirs.values()):
@@ -107,6 +113,12 @@ def report(out: Path, seeds: list[int]) -> None:
         pk, pd = (phases(dirs[side]) for side in SIDES)
         saved.append(1 - pk["wall"] / pd["wall"])
         share.append(priced(pk, pd) / pd["wall"])
+        phase["SFT time fell"].append(1 - sum(pk["sft_s"]) / sum(pd["sft_s"]))
+        phase["SFT columns removed"].append(removed(pd["sft_pad"][0], pk["sft_pad"][0]))
+        phase["RL passes' time fell"].append(1 - pk["passes"] / pd["passes"])
+        phase["RL passes' columns removed"].append(removed(pd["update_pad"], pk["update_pad"]))
+        phase["rollout time per sampled token changed"].append(
+            (pk["rollout"] / pk["sampled"]) / (pd["rollout"] / pd["sampled"]) - 1)
         for side, p in (("padded", pd), ("packed", pk)):
             rows.append(
                 f"| {seed} {side} | {p['wall']:.1f} | {sum(p['sft_s']):.1f} | "
@@ -123,7 +135,8 @@ def report(out: Path, seeds: list[int]) -> None:
     if len(saved) >= 2:
         for name, values in (("wall time saved", saved), ("padding's priced share", share),
                              ("saved - priced share",
-                              [s - p for s, p in zip(saved, share, strict=True)])):
+                              [s - p for s, p in zip(saved, share, strict=True)]),
+                             *phase.items()):
             iv = t_interval(values)
             print(f"{name}: mean {100 * iv.value:+.1f}% (95% t-interval {100 * iv.lo:+.1f} to "
                   f"{100 * iv.hi:+.1f}, n {iv.n})")

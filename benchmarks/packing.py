@@ -12,10 +12,16 @@ each layout (`primekit.rollout.batching.Layout`), interleaved round by round:
   packed-2.0x      packed rows 2x the longest sequence
   packed-chosen    the width chosen per micro-batch among 1-2x (what ships: PACKED_ROW_FACTORS)
   packed-one-row   the whole micro-batch in one packed row (what flash attention would take)
+  packed-segments  packed-chosen, but attention per sequence instead of over the whole row: each
+                   layer gathers the sequences' queries, keys and values into rows of the longest
+                   sequence's length, runs causal SDPA on them and scatters the result back
+                   (`segment_attention` below; measured, not shipped)
 
 All layouts compute the same loss and gradients (tests/models/test_packing.py); they differ only in
 the columns they compute (printed: padding share) and in the attention mask's shape (sdpa on a
 CPU builds a dense block-diagonal mask, so a packed row of C columns costs C^2 attention).
+`--profile` then runs each layout once more under the torch profiler and splits its CPU time into
+the weights' matrix products, attention and the rest (as `op_profile.py` does).
 
 With `--sampled DIR` the batches are instead real ones: `--batches` PRIME steps of the demo config
 from that SFT model (the batches its policy update sees), scored by that model; padding is then
@@ -30,7 +36,7 @@ is one (each pass then ends with a synchronise), `--dtype bfloat16` the dtype us
 
 Usage:
     python benchmarks/packing.py [--rows 64] [--rounds 6] [--threads 1] [--model DIR]
-    python benchmarks/packing.py --sampled runs/demo/sft [--batches 3] [--rounds 4]
+    python benchmarks/packing.py --sampled runs/demo/sft [--batches 3] [--rounds 4] [--profile]
     python benchmarks/packing.py --random-0.5b --rows 64 --micro-rows 8 --prompt-max 200 \
         --response-max 1024 --budgets 4096,8192 --packed-budget 8192 --dtype bfloat16
 """
@@ -67,6 +73,64 @@ def demo_like_batch(n: int, seed: int = 1, P: int = 40, T: int = 64) -> RolloutB
         response_ids[i, :t], response_mask[i, :t] = torch.randint(3, 99, (t,), generator=g), 1
     return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, torch.zeros(n, T),
                         torch.ones(n, dtype=torch.bool), [""] * n)
+
+
+SEGMENTS = "primekit-bench-segments"  # the attention implementation of packed-segments
+
+
+def segment_index(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The sequences of packed rows, from position ids [R, C] that restart at 0 with each (a
+    row's trailing padding is a sequence of its own): gather [S*L] (sequence s's column j is flat
+    column gather[s*L + j], j < L the longest length; slots past a sequence's end repeat its last
+    column), back [R*C] (flat column i's place in the [S, L] layout), S and L."""
+    flat = position_ids.reshape(-1)  # [R*C]
+    starts = (flat == 0).nonzero().squeeze(1)  # [S]
+    ends = torch.cat([starts[1:], starts.new_tensor([flat.numel()])])  # [S]
+    lengths = ends - starts  # [S]
+    S, L = len(starts), int(lengths.max())
+    gather = torch.minimum(starts[:, None] + torch.arange(L, device=flat.device),
+                           (ends - 1)[:, None])  # [S, L]
+    back = torch.repeat_interleave(torch.arange(S, device=flat.device), lengths) * L + flat
+    return gather.reshape(-1), back, S, L
+
+
+def segment_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      position_ids=None, **kwargs):
+    """Attention per sequence of packed rows (transformers' attention-function interface:
+    query [R, H, C, D], key and value [R, Hk, C, D] -> [R, C, H, D]). Causal SDPA over [S, H, L,
+    D]: slots past a sequence's end come after every real query, so the causal mask keeps them
+    unseen, and their own outputs are never gathered back. Anything else (a padding mask, a
+    cache) goes to transformers' SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    R, H, C, D = query.shape
+    if attention_mask is not None or position_ids is None or key.shape[2] != C:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    gather, back, S, L = segment_index(position_ids.expand(R, C))
+
+    def by_sequence(x: torch.Tensor) -> torch.Tensor:  # [R, h, C, D] -> [S, h, L, D]
+        h = x.shape[1]
+        return x.transpose(1, 2).reshape(R * C, h, D)[gather].view(S, L, h, D).transpose(1, 2)
+
+    q, k, v = by_sequence(query), by_sequence(key), by_sequence(value)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=scaling, enable_gqa=k.shape[1] != H)  # [S, H, L, D]
+    return out.transpose(1, 2).reshape(S * L, H, D)[back].view(R, C, H, D), None
+
+
+def register_segment_attention() -> None:
+    """`SEGMENTS` as a transformers attention implementation; its mask is SDPA's, and none for
+    packed rows (no padding mask), which `segment_attention` confines by their position ids."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def mask(*args, attention_mask=None, **kwargs):
+        return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask,
+                                                             **kwargs)
+
+    AttentionInterface.register(SEGMENTS, segment_attention)
+    AttentionMaskInterface.register(SEGMENTS, mask)
 
 
 def sampled_batches(policy: str, steps: int) -> list[RolloutBatch]:
@@ -108,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="token budget of the packed layouts (packed-chosen-1024 aside)")
     parser.add_argument("--device", default="auto", help="auto: the GPU where there is one")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--profile", action="store_true",
+                        help="split each layout's CPU time: products, attention, the rest")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -144,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "packed-chosen": (Layout(n, 4, budget, True), shipped),
         "packed-chosen-1024": (Layout(n, 4, 1024, True), shipped),
         "packed-one-row": (Layout(n, 4, budget, True), (float(n * 200),)),
+        "packed-segments": (Layout(n, 4, budget, True), shipped),
     }
     if args.sampled or args.response_max > 64:  # known to lose (above) / over the budget
         del variants["packed-one-row"]
@@ -152,9 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     valid = sum(int(b.prompt_mask.sum() + b.response_mask.sum()) for b in batches)
     sync = synchronize(device)
 
+    register_segment_attention()
+    attention = model.config._attn_implementation or "sdpa"
+
     def run(name: str) -> int:
         layout, factors = variants[name]
         batching.PACKED_ROW_FACTORS = factors
+        model.config._attn_implementation = SEGMENTS if name == "packed-segments" else attention
         computed = 0
         for b in batches:
             model.zero_grad(set_to_none=True)
@@ -189,7 +260,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{min(ts):8.3f} {max(ts):8.3f} {med / base:8.3f}x {build[name]:9.2f}")
     print("build ms: the host time to cut the batches into that layout's micro-batches "
           "(rollout.batching.iter_layout), median of 20, included in the pass times")
+    if args.profile:
+        print_profile(variants, run, computed)
     return 0
+
+
+def print_profile(variants: dict, run, computed: dict[str, int]) -> None:
+    """Each layout's pass once under the torch profiler: self CPU seconds in the weights'
+    products, attention and the rest, and its columns against padded rows'."""
+    from op_profile import profiled
+
+    print(f"{'profiled once':18} {'columns':>8} {'products':>9} {'attention':>10} {'rest':>8}")
+    for name in variants:
+        _, parts = profiled(lambda name=name: run(name), 1)
+        print(f"{name:18} {computed[name] / computed['padded-rows']:7.3f}x {parts['weight products']:9.3f} "
+              f"{parts['attention']:10.3f} {parts['rest']:8.3f}")
+    print("columns: against padded rows'; products, attention, rest: self CPU seconds "
+          "(benchmarks/op_profile.py's split)")
 
 
 def layout_build_ms(batches: list[RolloutBatch], variants: dict) -> dict[str, float]:

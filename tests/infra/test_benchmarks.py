@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +44,19 @@ def run_benchmark(name: str, *args: object, tmp_path: Path, timeout: float = 300
     assert proc.returncode == 0, (f"benchmarks/{name}.py exited {proc.returncode}\n"
                                   f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
     return proc.stdout
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (its `from common import ...` resolved), to test a
+    function of it directly."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
 
 
 def assert_line(pattern: str, out: str) -> None:
@@ -107,13 +121,16 @@ def test_op_profile(tiny_model_dir, tmp_path):
 
 def test_packing(tiny_model_dir, tmp_path):
     out = run_benchmark("packing", "--rows", 8, "--rounds", 1, "--model", tiny_model_dir,
-                        tmp_path=tmp_path)
+                        "--profile", tmp_path=tmp_path)
     assert_line(r"^8 rows \(micro-batches of 8\), \d+ tokens, 1\.1 M parameters, float32, "
                 r"1 thread\(s\), forward \+ backward, seconds", out)
     assert_line(r"^layout +padding +n +median +min +max +vs padded +build ms$", out)
     row = rf" +{NUMBER}% +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}$"
-    for layout in ("padded-rows", "sorted-512", "packed-chosen", "packed-one-row"):
+    for layout in ("padded-rows", "sorted-512", "packed-chosen", "packed-one-row",
+                   "packed-segments"):
         assert_line(rf"^{layout}{row}", out)
+        assert_line(rf"^{layout} +{NUMBER}x +{NUMBER} +{NUMBER} +{NUMBER}$", out)  # --profile
+    assert_line(r"^packed-segments +0\.\d+x ", out)  # fewer columns than padded rows
     # The long-batch options (the paper's regime, scaled down): micro-batches of 4 rows, the
     # budgets given, bf16; packed-one-row and packed-chosen-1024 left out at these lengths.
     out = run_benchmark("packing", "--rows", 8, "--micro-rows", 4, "--prompt-max", 100,
@@ -124,6 +141,44 @@ def test_packing(tiny_model_dir, tmp_path):
     for layout in ("padded-rows", "sorted-1024", "packed-chosen"):
         assert_line(rf"^{layout}{row}", out)
     assert "packed-one-row" not in out and "sorted-512" not in out
+
+
+def test_segment_attention_scores_packed_rows_as_sdpa_does(tiny_model_dir):
+    # packing.py's per-sequence attention (packed-segments) against transformers' SDPA over the
+    # block-diagonal mask: the same log-probs and gradients on one packed micro-batch.
+    packing = load_benchmark("packing")
+    from transformers import AutoModelForCausalLM
+
+    from primekit.models.logprobs import micro_batch_logprobs
+    from primekit.rollout.batching import Layout, iter_layout
+
+    packing.register_segment_attention()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    (mb,) = iter_layout(packing.demo_like_batch(12), Layout(12, 4, 4096, True))
+    assert mb.input_ids.shape[0] < 12  # several sequences share a row
+    out = {}
+    for impl in ("sdpa", packing.SEGMENTS):
+        model.config._attn_implementation = impl
+        model.zero_grad(set_to_none=True)
+        lp, _ = micro_batch_logprobs(model, mb)
+        lp.sum().backward()
+        out[impl] = lp.detach(), [p.grad.clone() for p in model.parameters()]
+    (lp_a, g_a), (lp_b, g_b) = out.values()
+    # float32, summed in another order (per sequence, not over the masked row): rounding only.
+    torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=1e-5)
+    for a, b in zip(g_a, g_b, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_segment_index_by_hand():
+    packing = load_benchmark("packing")
+    # Two rows of 4: sequences [0 1 2] and a padding column [0]; [0 1] and [0 1].
+    gather, back, S, L = packing.segment_index(torch.tensor([[0, 1, 2, 0], [0, 1, 0, 1]]))
+    assert (S, L) == (4, 3)
+    # Sequence starts 0, 3, 4, 6; slots past an end repeat its last column (3 -> 3, 3; 5 -> 5).
+    assert gather.tolist() == [0, 1, 2, 3, 3, 3, 4, 5, 5, 6, 7, 7]
+    # Column i sits at sequence s, offset j: s*3 + j.
+    assert back.tolist() == [0, 1, 2, 3, 6, 7, 9, 10]
 
 
 def test_sft_step(tiny_model_dir, tmp_path):
