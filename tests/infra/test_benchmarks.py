@@ -92,7 +92,7 @@ def test_demo_packing(tmp_path):
     for name in ("wall time saved", "padding's priced share", "saved - priced share"):
         assert_line(rf"^{name}: mean [+-]{NUMBER}% \(95% t-interval [+-]{NUMBER} to "
                     rf"[+-]{NUMBER}, n 2\)$", out)
-    # Finished demos are not run again: --report and a second run print the same tables.
+    # Finished demos are not run again: a second run prints the same tables, running nothing.
     again = run_benchmark("demo_packing", "--seeds", 0, 1, "--out", tmp_path / "d", *small,
                           tmp_path=tmp_path)
     assert "done already" in again and "primekit demo --run-dir" not in again
