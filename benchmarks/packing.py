@@ -140,15 +140,16 @@ def register_segment_attention() -> None:
     AttentionMaskInterface.register(SEGMENTS, mask)
 
 
-def sampled_batches(policy: str, steps: int) -> list[RolloutBatch]:
-    """The rollout batches of `steps` PRIME steps of the demo config from `policy`."""
+def sampled_batches(policy: str, steps: int, overrides: tuple[str, ...] = ()) -> list[RolloutBatch]:
+    """The rollout batches of `steps` PRIME steps of the demo config (with `overrides`) from
+    `policy`."""
     from primekit.config import load_config, resolve_config
     from primekit.factory import build_rl_trainer
 
     run_dir = tempfile.mkdtemp(prefix="primekit-bench-packing-run-")
     cfg = load_config(resolve_config("tiny"), [
         f"model.policy={policy}", f"train.run_dir={run_dir}", "train.report_to=[]",
-        f"train.threads={torch.get_num_threads()}", "eval.num_problems=8"])
+        f"train.threads={torch.get_num_threads()}", "eval.num_problems=8", *overrides])
     trainer = build_rl_trainer(cfg)
     out = []
     for _ in range(steps):

@@ -23,6 +23,7 @@ from primekit.models.hf import (
     stop_token_ids,
 )
 from primekit.models.logprobs import check_packed_attention, critic_values, score_tokens
+from primekit.models.optim import adamw
 from primekit.models.parallel import Placement, is_sharded, prepare_model
 from primekit.rollout.base import RolloutEngine
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
@@ -130,7 +131,7 @@ def build_rewarder(cfg: Config, tokenizer, device: torch.device) -> TokenRewarde
     check_packing(cfg, model, "prm")
     optimizer = None
     if p.update == "online":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+        optimizer = adamw(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     return ImplicitPRM(model, optimizer, beta=p.beta, loss=p.loss, forward=p.forward,
                        group_size=cfg.rollout.n_samples,
                        mini_batch_size=dist.per_rank(p.mini_batch_size, "prm.mini_batch_size"),

@@ -51,18 +51,56 @@ def _where(name: str, step: int | None) -> str:
 
 
 def weight_norm(params: Iterable[torch.Tensor]) -> float:
-    """The L2 norm over all of `params` (float64; over every rank's shards for sharded ones)."""
-    params = list(params)
-    local = torch.zeros((), dtype=torch.float64)
-    sharded = False
+    """The L2 norm over all of `params` (over every rank's shards for sharded ones).
+
+    One norm per device and dtype through torch's foreach kernels and one read back to the host,
+    not a norm and a host read per tensor (a synchronisation each on a GPU, twice per optimiser
+    step); each tensor's norm in its own dtype, combined in float64.
+    """
+    local, sharded = [], False
     for p in params:
         t = p.detach()
         if hasattr(t, "to_local"):  # an FSDP2 DTensor: this rank's shard
             t, sharded = t.to_local(), True
-        local = local + torch.linalg.vector_norm(t, dtype=torch.float64).cpu() ** 2
+        if t.numel():
+            local.append(t)
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if not local:
+        square = torch.zeros((), dtype=torch.float64)
+    elif total_norm is not None:
+        square = total_norm(local, 2.0).detach().to("cpu", torch.float64) ** 2
+    else:
+        square = sum(torch.linalg.vector_norm(t, dtype=torch.float64).cpu() ** 2 for t in local)
     if sharded:
-        local = dist.all_reduce_sum(local)
-    return math.sqrt(float(local)) if math.isfinite(float(local)) else float(local)
+        square = dist.all_reduce_sum(square)
+    return math.sqrt(float(square)) if math.isfinite(float(square)) else float(square)
+
+
+def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float = 0.01,
+          ) -> torch.optim.AdamW:
+    """AdamW for a trained model: torch's fused implementation where the parameters allow it
+    (floating point, on a CPU, a GPU or MPS: every parameter in one kernel per step), else its
+    default. The same update rule; on the demo's 1.08M-parameter model one step takes 0.52 ms
+    fused against 2.85 ms (benchmarks/optimizer_step.py, docs/performance.md)."""
+    params = list(params)
+    if fused_adamw_supported(params):
+        try:
+            return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+        except RuntimeError:  # an older torch that refuses these parameters when constructed
+            pass
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW takes every one of `params`: real floating point, on a device
+    its fused kernels support (torch checks this only at the first step, too late to choose)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # a torch that keeps it elsewhere: the default implementation
+        return False
+    devices = set(_get_fused_kernels_supported_devices())
+    return bool(params) and all(torch.is_floating_point(p) and p.device.type in devices
+                                for p in params)
 
 
 def nonfinite_weights(model: torch.nn.Module, *, collective: bool = True) -> str | None:

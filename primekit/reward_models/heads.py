@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from primekit.models.optim import guarded_step
+from primekit.models.optim import adamw, guarded_step
 from primekit.rollout.base import RolloutBatch
 from primekit.rollout.batching import iter_micro_batches
 
@@ -136,7 +136,7 @@ def fit_reward_model(
             f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}"
         )
     set_trainable(model, True)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = adamw(model.parameters(), lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed)
     history, step = [], 0
     for _ in range(epochs):

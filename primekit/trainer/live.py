@@ -51,7 +51,7 @@ from primekit.config import ConfigError
 from primekit.data.problem import Problem
 from primekit.logging import console
 from primekit.models.logprobs import batch_logprobs, sequence_logprobs
-from primekit.models.optim import guarded_step
+from primekit.models.optim import adamw, guarded_step
 from primekit.rollout.base import RolloutBatch, batch_from_texts
 from primekit.trainer.control import read_control
 from primekit.verifiers import Verifier
@@ -192,7 +192,7 @@ class LiveControl:
                loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """`steps` full-batch AdamW steps of loss_fn(log-probs [n, T]) on batch b."""
         device = next(model.parameters()).device
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+        opt = adamw([p for p in model.parameters() if p.requires_grad], lr=lr)
         was_training = model.training
         model.train()
         for _ in range(steps):

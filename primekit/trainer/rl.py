@@ -56,6 +56,7 @@ from primekit.logging import (
     timed,
 )
 from primekit.models.logprobs import batch_logprobs, batch_values, micro_batch_logprobs
+from primekit.models.optim import adamw
 from primekit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from primekit.rollout.batching import iter_layout, row_chunks
 from primekit.trainer import checkpoint as ckpt
@@ -108,9 +109,9 @@ class RLTrainer:
         self.policy, self.tokenizer, self.engine, self.verifier = policy, tokenizer, engine, verifier
         self.rewarder, self.ref, self.critic = rewarder, ref, critic
         self.device = next(policy.parameters()).device
-        self.policy_opt = torch.optim.AdamW(policy.parameters(), lr=cfg.policy.lr,
-                                            weight_decay=cfg.policy.weight_decay)
-        self.critic_opt = (torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+        self.policy_opt = adamw(policy.parameters(), lr=cfg.policy.lr,
+                                weight_decay=cfg.policy.weight_decay)
+        self.critic_opt = (adamw(critic.parameters(), lr=cfg.critic.lr)
                            if critic is not None else None)
         self.train_problems, self.eval_problems = train_problems, eval_problems
         self.mixed_tasks = len({p.task for p in train_problems}) > 1  # per-task reward metrics

@@ -21,7 +21,7 @@ from primekit.data.splits import encode_prompts, load_splits
 from primekit.logging import MetricLogger, Progress
 from primekit.models.hf import load_model, load_tokenizer, save_model
 from primekit.models.logprobs import check_packed_attention, micro_batch_logprobs
-from primekit.models.optim import NonFiniteError, guarded_step, nonfinite_weights
+from primekit.models.optim import NonFiniteError, adamw, guarded_step, nonfinite_weights
 from primekit.rollout.base import RolloutBatch, batch_from_texts
 from primekit.rollout.batching import Layout, iter_layout
 from primekit.runtime import model_dtype, resolve_device, seed_everything, set_threads
@@ -102,7 +102,7 @@ def run_sft(cfg: Config, *, log_every: int = 25) -> dict:
 
     prompt_ids = encode_prompts(tokenizer, train, cfg)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    optimizer = adamw(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     layout = sft_layout(s)
     if layout.packed:  # attention must stay inside each packed demonstration
         check_packed_attention(model, "sft")

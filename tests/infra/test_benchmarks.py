@@ -63,8 +63,8 @@ def assert_line(pattern: str, out: str) -> None:
     assert re.search(pattern, out, re.MULTILINE), f"no line matching {pattern!r} in:\n{out}"
 
 
-TESTED = {"demo_packing", "idle_core", "op_profile", "packing", "rollout", "scaling", "sft_step", "step_time",
-          "verifiers", "vs_trl", "weight_sync"}
+TESTED = {"demo_packing", "idle_core", "op_profile", "optimizer_step", "packing", "padding_cost",
+          "rollout", "scaling", "sft_step", "step_time", "verifiers", "vs_trl", "weight_sync"}
 
 
 def test_every_benchmark_has_a_test():
@@ -89,7 +89,8 @@ def test_demo_packing(tmp_path):
     # The seeds' order alternates: seed 0 packed first, seed 1 padded first.
     assert out.index("seed 0 packed: primekit demo") < out.index("seed 0 padded: primekit demo")
     assert out.index("seed 1 padded: primekit demo") < out.index("seed 1 packed: primekit demo")
-    for name in ("wall time saved", "padding's priced share", "saved - priced share"):
+    for name in ("wall time saved", "padding's priced share", "saved - priced share",
+                 "SFTs and RL passes: time saved", "SFTs and RL passes: saved - priced share"):
         assert_line(rf"^{name}: mean [+-]{NUMBER}% \(95% t-interval [+-]{NUMBER} to "
                     rf"[+-]{NUMBER}, n 2\)$", out)
     # Finished demos are not run again: a second run prints the same tables, running nothing.
@@ -179,6 +180,68 @@ def test_segment_index_by_hand():
     assert gather.tolist() == [0, 1, 2, 3, 3, 3, 4, 5, 5, 6, 7, 7]
     # Column i sits at sequence s, offset j: s*3 + j.
     assert back.tolist() == [0, 1, 2, 3, 6, 7, 9, 10]
+
+
+def test_optimizer_step(tiny_model_dir, tmp_path):
+    out = run_benchmark("optimizer_step", "--policy", tiny_model_dir, "--steps", 3, "--warmup", 1,
+                        "--threads", 1, tmp_path=tmp_path)
+    assert_line(r"^guarded optimiser step of .* \(1\.08M parameters in \d+ tensors, float32, cpu, "
+                r"1 thread\(s\)\); shipped AdamW fused: True$", out)
+    for side in ("shipped", "before"):
+        assert_line(rf"^{side} +3 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}$", out)
+    assert_line(rf"^shipped / before: {NUMBER}x \(medians\)$", out)
+    # The same update rule on both sides: after 4 steps of lr 1e-4 the weights differ by
+    # rounding only (each step moves a weight by about 1e-4).
+    m = re.search(r"^largest weight difference between the sides after 4 steps: (\S+)$", out,
+                  re.MULTILINE)
+    assert m and float(m[1]) < 1e-6, out
+
+
+def test_padding_cost(tiny_model_dir, tmp_path):
+    out = run_benchmark("padding_cost", "--policy", tiny_model_dir, "--rounds", 1, "--batches", 1,
+                        "--threads", 1, "sft.batch_size=8", *SMALL_STEP, "--extra", 0, 4, 8,
+                        tmp_path=tmp_path)
+    for name, rows in (("sft-step", 8), ("rl-passes", 8)):
+        columns = []
+        for k in (0, 4, 8):
+            m = re.search(rf"^ +0 +{k} +(\d+) +{NUMBER} +{NUMBER} +{NUMBER}$",
+                          out.split(f"\n{name}:")[1], re.MULTILINE)
+            assert m, out
+            columns.append(int(m[1]))
+        # k padding columns in each of the rows of every micro-batch, for every pass over them:
+        # the columns grow by the same step from k = 0 to 4 and from 4 to 8.
+        assert columns[1] - columns[0] == columns[2] - columns[1] > 0
+        assert (columns[1] - columns[0]) % (4 * rows) == 0
+        assert_line(rf"^{name}: marginal share {NUMBER}% \(median over 1 batch\(es\), ", out)
+    assert_line(r"^sft: a padding column costs (at least|less than) its proportional share", out)
+    assert_line(r"^rl: a padding column costs (at least|less than) its proportional share", out)
+
+
+def test_padding_cost_widen_adds_masked_columns_and_keeps_the_log_probs(tiny_model_dir):
+    from primekit.models.hf import load_model
+    from primekit.models.logprobs import micro_batch_logprobs
+    from primekit.rollout.base import RolloutBatch
+    from primekit.rollout.batching import iter_micro_batches
+
+    widen = load_benchmark("padding_cost").widen
+    # Two rows: prompts of 3 and 2 tokens (left-padded), responses of 2 and 3 (right-padded).
+    batch = RolloutBatch(
+        prompt_ids=torch.tensor([[5, 6, 7], [0, 8, 9]]),
+        prompt_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
+        response_ids=torch.tensor([[10, 11, 0], [12, 13, 14]]),
+        response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), sampling_logprobs=torch.zeros(2, 3),
+        finished=torch.tensor([True, True]), responses=["a", "b"])
+    mb = next(iter_micro_batches(batch, 2))
+    wide = widen(mb, 5)
+    assert wide.input_ids.shape == (2, 6 + 5) and wide.tokens_computed == mb.tokens_computed + 10
+    assert wide.attention_mask[:, :5].sum() == 0  # the new columns are masked out
+    assert torch.equal(wide.input_ids[:, 5:], mb.input_ids)
+    model = load_model(tiny_model_dir, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        a, _ = micro_batch_logprobs(model, mb)
+        b, _ = micro_batch_logprobs(model, wide)
+    # Positions come from the mask, so left padding changes no valid token's log-prob.
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
 def test_sft_step(tiny_model_dir, tmp_path):
