@@ -34,7 +34,7 @@ with AVX-512, padded rows): at EOS 0.424 s vs 0.536 s, 0.791x; forced 1.020 s vs
 With the packed micro-batches the tiny config has since (2026-12-05, the same machine): at EOS
 0.344 s vs 0.540 s, 0.638x (a second run 0.642x; rollout 0.098 vs 0.179 s, old log-probs 0.061 vs
 0.082 s, update 0.182 vs 0.282 s): the 0.67x target is met; forced 1.016 s vs 1.208 s, 0.840x, not
-met (no padding to remove; docs/performance.md, "Against TRL, phase by phase";
+met (no padding to remove; again 2026-12-06: 0.648x at EOS, 0.785x forced; docs/performance.md, "Against TRL, phase by phase";
 `benchmarks/op_profile.py` for the floor). On one H100 (2026-12-05, both sides on the GPU):
 0.810x at EOS and 0.770x forced (packed), 0.733x at EOS with padded rows
 (`policy.max_tokens_per_micro_batch=0`): our rollout is 0.63-0.68x `generate`'s and 69-76%
