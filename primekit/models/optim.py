@@ -55,7 +55,8 @@ def weight_norm(params: Iterable[torch.Tensor]) -> float:
 
     One norm per device and dtype through torch's foreach kernels and one read back to the host,
     not a norm and a host read per tensor (a synchronisation each on a GPU, twice per optimiser
-    step); each tensor's norm in its own dtype, combined in float64.
+    step); each tensor's norm in its own dtype, combined in float64. Where that overflows, the
+    norm is taken again in float64 tensor by tensor, so finite garbage of any size reads finite.
     """
     local, sharded = [], False
     for p in params:
@@ -65,11 +66,12 @@ def weight_norm(params: Iterable[torch.Tensor]) -> float:
         if t.numel():
             local.append(t)
     total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
-    if not local:
-        square = torch.zeros((), dtype=torch.float64)
-    elif total_norm is not None:
+    square = torch.zeros((), dtype=torch.float64)
+    if local and total_norm is not None:
         square = total_norm(local, 2.0).detach().to("cpu", torch.float64) ** 2
-    else:
+    if local and (total_norm is None or not torch.isfinite(square)):
+        # In the tensors' dtype a norm past ~1.8e19 (float32) overflows; diverged weights get
+        # there while still finite, so they are measured again in float64, tensor by tensor.
         square = sum(torch.linalg.vector_norm(t, dtype=torch.float64).cpu() ** 2 for t in local)
     if sharded:
         square = dist.all_reduce_sum(square)

@@ -11,7 +11,7 @@ import torch
 
 from primekit import distributed as dist
 from primekit.trainer import checkpoint as ckpt
-from tests.spawn import run_processes
+from tests.spawn import leave_together, run_processes
 
 
 def test_single_process_defaults():
@@ -133,6 +133,7 @@ def _worker(rank: int, world: int, init_file: str, run_dir: str) -> None:
         torch.distributed.barrier()  # neither rank tears the group down while the other uses it
     finally:
         torch.distributed.destroy_process_group()
+    leave_together(Path(run_dir) / "teardown", rank, world)
 
 
 def _failing_write(*args, **kwargs):

@@ -33,6 +33,13 @@ def test_weight_norm_matches_the_per_tensor_float64_loop():
         rel=1e-6)
 
 
+def test_weight_norm_of_finite_garbage_past_float32s_range_is_finite():
+    # 1e20^2 overflows float32 (max ~3.4e38): the float64 path gives sqrt(1e40 + 9e40) =
+    # sqrt(10) * 1e20, which the divergence message prints as the norm the weights grew to.
+    assert optim.weight_norm([torch.tensor([1e20, 3e20]), torch.ones(2)]) == pytest.approx(
+        math.sqrt(10) * 1e20, rel=1e-6)
+
+
 def test_weight_norm_is_not_finite_where_a_weight_is_not():
     assert math.isinf(optim.weight_norm([torch.tensor([1.0, float("inf")]), torch.ones(3)]))
     assert math.isnan(optim.weight_norm([torch.tensor([float("nan")]), torch.ones(3)]))
