@@ -185,7 +185,7 @@ def measure(name: str, run, state, batches: list[RolloutBatch], extra: list[int]
               f"marginal share at {c0} columns {100 * shares[-1]:.1f}%")
     share = statistics.median(shares)
     print(f"{name}: marginal share {100 * share:.1f}% (median over {len(shares)} batch(es), "
-          f"{100 * min(shares):.1f}-{100 * max(shares):.1f}%); the time no column causes "
+          f"{100 * min(shares):.1f} to {100 * max(shares):.1f}%); the time no column causes "
           f"{100 * (1 - share):.1f}%")
     return share
 
@@ -246,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         shares["rl"] = measure("rl-passes", rl_pass(cfg), state, batches, args.extra,
                                args.rounds)
     for name, share in shares.items():
+        if share <= 0:
+            print(f"{name}: no marginal cost measured (slope <= 0: the timings' noise exceeds the "
+                  f"added columns' cost; give more --rounds or larger --extra)")
+            continue
         verdict = ("at least" if share >= 1 else "less than")
         print(f"{name}: a padding column costs {verdict} its proportional share of the pass "
               f"(marginal share {100 * share:.1f}%)")

@@ -212,9 +212,11 @@ def test_padding_cost(tiny_model_dir, tmp_path):
         # the columns grow by the same step from k = 0 to 4 and from 4 to 8.
         assert columns[1] - columns[0] == columns[2] - columns[1] > 0
         assert (columns[1] - columns[0]) % (4 * rows) == 0
-        assert_line(rf"^{name}: marginal share {NUMBER}% \(median over 1 batch\(es\), ", out)
-    assert_line(r"^sft: a padding column costs (at least|less than) its proportional share", out)
-    assert_line(r"^rl: a padding column costs (at least|less than) its proportional share", out)
+        # One round of timings: on a busy machine the slope may come out negative.
+        assert_line(rf"^{name}: marginal share -?{NUMBER}% \(median over 1 batch\(es\), ", out)
+    for name in ("sft", "rl"):
+        assert_line(rf"^{name}: (a padding column costs (at least|less than) its proportional "
+                    rf"share|no marginal cost measured \(slope <= 0)", out)
 
 
 def test_padding_cost_widen_adds_masked_columns_and_keeps_the_log_probs(tiny_model_dir):
