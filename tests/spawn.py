@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch.multiprocessing as mp
 
@@ -21,19 +20,3 @@ def run_processes(fn, args: tuple, *, nprocs: int, timeout_s: float, what: str) 
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
-
-
-def leave_together(folder: str | Path, rank: int, world: int, timeout_s: float = 60) -> None:
-    """Call after `destroy_process_group`: mark this rank as torn down and wait until every rank
-    is, so that no process exits (closing its gloo sockets) while a peer's group is still up; a
-    peer's gloo thread that sees its socket closed can abort the process ("terminate called
-    without an active exception", SIGABRT): the likely cause of the 2-process gloo test's
-    occasional failure in full runs (seen twice, never alone)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"left-{rank}").touch()
-    deadline = time.monotonic() + timeout_s
-    while len(list(folder.glob("left-*"))) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {rank}: not every rank tore its process group down")
-        time.sleep(0.01)

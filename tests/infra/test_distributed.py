@@ -11,7 +11,7 @@ import torch
 
 from primekit import distributed as dist
 from primekit.trainer import checkpoint as ckpt
-from tests.spawn import leave_together, run_processes
+from tests.spawn import run_processes
 
 
 def test_single_process_defaults():
@@ -131,9 +131,10 @@ def _worker(rank: int, world: int, init_file: str, run_dir: str) -> None:
             raise AssertionError("save_checkpoint should have failed")
         assert ckpt.latest_checkpoint(Path(run_dir)) == path
         torch.distributed.barrier()  # neither rank tears the group down while the other uses it
+        (Path(run_dir) / f"checked-{rank}").touch()
     finally:
         torch.distributed.destroy_process_group()
-    leave_together(Path(run_dir) / "teardown", rank, world)
+    (Path(run_dir) / f"torn-down-{rank}").touch()
 
 
 def _failing_write(*args, **kwargs):
@@ -141,5 +142,17 @@ def _failing_write(*args, **kwargs):
 
 
 def test_two_process_gloo_group(tmp_path):
-    run_processes(_worker, (2, str(tmp_path / "store"), str(tmp_path / "run")), nprocs=2,
-                  timeout_s=120, what="2-process gloo test")
+    # Rarely, on a loaded 2-core machine, a rank dies of SIGABRT ("terminate called without an
+    # active exception", from torch's C++ side): 2 of 311 runs of this test with one or two cores
+    # kept busy (2026-12-06). Every rank waiting for the others' teardown before exiting did not
+    # prevent it (1 abort in 271 runs with the wait, 1 in 40 without). Should it happen again,
+    # the failure says how far each rank got.
+    run = tmp_path / "run"
+    try:
+        run_processes(_worker, (2, str(tmp_path / "store"), str(run)), nprocs=2,
+                      timeout_s=120, what="2-process gloo test")
+    except Exception as e:
+        reached = sorted(p.name for p in run.glob("*-[01]")) if run.exists() else []
+        raise AssertionError(f"{e}; markers of the ranks' progress: {reached or 'none'} "
+                             "(checked-R: rank R passed every check; torn-down-R: rank R "
+                             "destroyed its group)") from e
