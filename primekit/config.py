@@ -337,6 +337,12 @@ class TrainConfig:
     report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: NonNegative = 0  # torch CPU threads; 0 = torch's default
+    # torch.compile(dynamic=True) each decoder layer of the loop's models (policy, PRM, reference,
+    # critic, explicit reward model) for their scoring and training passes; sampling stays eager.
+    # The first passes pay the compilation (about 12 s for the tiny model on 2 CPU cores with an
+    # empty cache, needing a C++ compiler there); later ones fuse each layer's small kernels
+    # (docs/performance.md, "On a 2-core Intel Xeon").
+    compile: bool = False
 
 
 @_validated

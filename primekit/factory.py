@@ -179,7 +179,7 @@ def placement(cfg: Config, *, trainable: bool) -> Placement:
     return Placement(compute_dtype=model_dtype(cfg.model.dtype), trainable=trainable,
                      shard=dist.world_size() > 1,
                      activation_checkpointing=par.activation_checkpointing and trainable,
-                     cpu_offload=par.cpu_offload and trainable)
+                     cpu_offload=par.cpu_offload and trainable, compile=cfg.train.compile)
 
 
 def load_placed(cfg: Config, path: str, device: torch.device, *, trainable: bool,

@@ -49,6 +49,7 @@ class Placement:
     activation_checkpointing: recompute each decoder layer's activations in the backward.
     cpu_offload: keep sharded parameters, gradients and optimiser state in host memory
         (FSDP2 `CPUOffloadPolicy`; requires shard=True and a CUDA compute device).
+    compile: `torch.compile(dynamic=True)` each decoder layer in place (`compile_layers`).
     """
 
     compute_dtype: torch.dtype = torch.float32
@@ -56,6 +57,7 @@ class Placement:
     shard: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    compile: bool = False
 
     @property
     def storage_dtype(self) -> torch.dtype:
@@ -103,6 +105,8 @@ def prepare_model(model: torch.nn.Module, placement: Placement,
             model.config.use_cache = False
     if not placement.trainable:
         model.requires_grad_(False)
+    if placement.compile:
+        compile_layers(model)
     if score_fn is not None:
         if placement.shard or placement.compute_dtype == torch.float32:
             method = score_fn
@@ -116,6 +120,23 @@ def prepare_model(model: torch.nn.Module, placement: Placement,
 
             register_fsdp_forward_method(model, SCORE_METHOD)
     return model
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """`torch.compile(dynamic=True)` each decoder layer of `model` in place (`Module.compile`:
+    parameter names and state dicts unchanged), before any sharding, as torchtune does for FSDP2.
+
+    A layer is the unit that repeats, so one compiled graph serves every layer, and the parts
+    of the forward between layers (embeddings, the mask built from the position ids, the
+    lm_head in chunks) stay eager. dynamic=True: packed micro-batches change shape from one
+    pass to the next without recompiling. The compiler fuses each layer's norms, rotary
+    embedding, activations and residual adds, which on a CPU are most of a small model's time
+    beside its matrix products (docs/performance.md). Sampling does not run compiled: the HF
+    engine calls the model under `torch.compiler.set_stance("force_eager")` (its cache grows
+    every step).
+    """
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=True)
 
 
 def _autocast(fn: Callable, dtype: torch.dtype) -> Callable:

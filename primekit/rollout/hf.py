@@ -290,8 +290,9 @@ class HFRolloutEngine:
         self.model.eval()
         try:
             # Inference mode, not only no_grad: no version counters or view tracking for the
-            # few hundred small ops of every decode step.
-            with torch.inference_mode():
+            # few hundred small ops of every decode step. Eager even where the model's layers
+            # are compiled for training (train.compile): the cache grows every step.
+            with torch.compiler.set_stance("force_eager"), torch.inference_mode():
                 batches = [
                     self._generate(prompt_ids[i : i + self.micro_batch_size], params, generator)
                     for i in range(0, len(prompt_ids), self.micro_batch_size)
