@@ -34,6 +34,8 @@ def test_compile_marks_every_decoder_layer_keeps_names_and_sampling_stays_eager(
     assert len(layers) >= 2 and all(layer._compiled_call_impl is not None for layer in layers)
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager))
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no `_orig_mod.` prefixes
+    with pytest.raises(ValueError, match="not supported under torchrun"):
+        prepare_model(copy.deepcopy(eager), Placement(compile=True, shard=True))
 
     # Greedy samples of the compiled model are the eager model's, in both decode paths (the
     # model's own forward, and the written-out step after a prefill through the model), and
