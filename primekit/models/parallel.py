@@ -130,7 +130,7 @@ def prepare_model(model: torch.nn.Module, placement: Placement,
 
 def compile_layers(model: torch.nn.Module) -> None:
     """`torch.compile(dynamic=True)` each decoder layer of `model` in place (`Module.compile`:
-    parameter names and state dicts unchanged), before any sharding, as torchtune does for FSDP2.
+    parameter names and state dicts unchanged, so checkpoints and weight syncs are as before).
 
     A layer is the unit that repeats, so one compiled graph serves every layer, and the parts
     of the forward between layers (embeddings, the mask built from the position ids, the
