@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from primekit import distributed as dist
 from primekit.rollout.base import RolloutBatch
 
 
@@ -271,8 +272,38 @@ def iter_layout(batch: RolloutBatch, layout: Layout,
             yield micro_batch(batch, rows[chunk])
         return
     build = packed_micro_batch if layout.packed else micro_batch
-    for chunk in _token_budget_chunks(batch, rows, layout):
+    chunks = list(_token_budget_chunks(batch, rows, layout))
+    if dist.world_size() > 1:
+        # Under torchrun every model is FSDP2-sharded: each micro-batch's forward (and backward)
+        # all-gathers each layer's weights with the other ranks, so all ranks must run the same
+        # number of them. A token budget cuts each rank's rows into its own count; ranks with
+        # fewer split theirs up to the most any rank needs. Every rank calls this together, with
+        # as many rows as the others (trainer/collect.py keeps as many groups on each rank).
+        most = int(dist.all_reduce_max(torch.tensor(len(chunks))))
+        chunks = split_to_count(chunks, most, layout.multiple)
+    for chunk in chunks:
         yield build(batch, chunk)
+
+
+def split_to_count(chunks: list[torch.Tensor], count: int, multiple: int = 1,
+                   ) -> list[torch.Tensor]:
+    """`chunks` (row indices, whole groups of `multiple` rows) split until there are `count`:
+    each time the chunk with the most groups (the first such) into its first and second half
+    of groups, in place, so the order and every chunk's token budget hold. A split chunk of g
+    groups leaves ceil(g/2) and floor(g/2).
+
+    Raises ValueError if the chunks hold fewer than `count` groups.
+    """
+    sizes = [len(c) // multiple for c in chunks]  # groups per chunk
+    if sum(sizes) < count:
+        raise ValueError(f"{sum(sizes)} groups cannot fill {count} micro-batches")
+    chunks = list(chunks)
+    while len(chunks) < count:
+        i = max(range(len(chunks)), key=lambda j: (sizes[j], -j))
+        half = (sizes[i] + 1) // 2 * multiple  # rows in the first half
+        chunks[i : i + 1] = [chunks[i][:half], chunks[i][half:]]
+        sizes[i : i + 1] = [(sizes[i] + 1) // 2, sizes[i] // 2]
+    return chunks
 
 
 def iter_micro_batches(batch: RolloutBatch, size: int, multiple: int = 1,

@@ -335,11 +335,20 @@ class RLTrainer:
         """
         if self.cfg.policy.old_logprobs == "rollout":  # exact for the HF engine at T=1, top-p 1
             old = batch.sampling_logprobs.float() * batch.response_mask.float()
-            stale = (age > 0).nonzero().flatten() if age is not None else torch.zeros(0)
-            if stale.numel():
-                recomputed = batch_logprobs(self.policy, batch.select(stale), *self.layout)
+            age = age if age is not None else torch.zeros(len(batch.responses), dtype=torch.long)
+            stale = (age > 0).nonzero().flatten()  # whole groups: a group has one age
+            rows = stale
+            if dist.world_size() > 1:
+                # A sharded policy's forward is a collective: every rank scores as many rows
+                # as the rank with the most carried ones, its own carried rows first, then as
+                # many fresh groups as it takes (scored and discarded).
+                most = int(dist.all_reduce_max(torch.tensor(stale.numel())))
+                fresh = (age == 0).nonzero().flatten()
+                rows = torch.cat([stale, fresh[: most - stale.numel()]])
+            if rows.numel():
+                recomputed = batch_logprobs(self.policy, batch.select(rows), *self.layout)
                 old = old.clone()
-                old[stale.to(old.device)] = recomputed.to(old.device, old.dtype)
+                old[stale.to(old.device)] = recomputed[: stale.numel()].to(old.device, old.dtype)
             return old
         return batch_logprobs(self.policy, batch, *self.layout)
 

@@ -129,6 +129,10 @@ def _worker(rank: int, world: int, init_file: str, policy: str, run_dir: str, ou
         trainer.verifier = _Parity(frozenset(
             trainer.train_problems[i].id for i in upcoming) if rank == 1 else frozenset())
         result.update(history=history, uneven=trainer.train_step())
+        # The next step starts with the group rank 0 kept beyond that batch (carried), rank 1
+        # with none: the carried rows' old log-probs are recomputed by a sharded forward, which
+        # both ranks must run (one rank alone left the other waiting, then gloo aborted).
+        result["carried"] = trainer.train_step()
         torch.save(result, Path(out) / f"rank{rank}.pt")
         torch.distributed.barrier()
     finally:
@@ -188,6 +192,9 @@ def test_two_sharded_ranks_train_as_one_process(sft_model_dir, tmp_path):
     # the smaller kept count, rank 1's 1, without a deadlock.
     assert r0["uneven"]["filter/keep_rate"] == r1["uneven"]["filter/keep_rate"] == 0.75
     assert r0["uneven"]["filter/groups_kept"] == r1["uneven"]["filter/groups_kept"] == 1
+    # Rank 0's surplus group came into the next step (the count is summed over ranks).
+    assert r0["carried"]["filter/carried_in"] == r1["carried"]["filter/carried_in"] == 1
+    assert r0["carried"]["filter/groups_kept"] >= 1
     # Only rank 0 wrote: one metrics file, one sharded checkpoint with both ranks' shards, and
     # the exported final models.
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
