@@ -339,7 +339,7 @@ class TrainConfig:
     threads: NonNegative = 0  # torch CPU threads; 0 = torch's default
     # torch.compile(dynamic=True) each decoder layer of the loop's models (policy, PRM, reference,
     # critic, explicit reward model) for their scoring and training passes; sampling stays eager.
-    # One process only: refused under torchrun (FSDP2), where it has not been made to work yet.
+    # Under torchrun too (compiled before FSDP2 sharding).
     # The first passes pay the compilation (about 12 s for the tiny model on 2 CPU cores with an
     # empty cache, needing a C++ compiler there); later ones fuse each layer's small kernels
     # (docs/performance.md, "On a 2-core Intel Xeon").

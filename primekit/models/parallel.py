@@ -49,8 +49,8 @@ class Placement:
     activation_checkpointing: recompute each decoder layer's activations in the backward.
     cpu_offload: keep sharded parameters, gradients and optimiser state in host memory
         (FSDP2 `CPUOffloadPolicy`; requires shard=True and a CUDA compute device).
-    compile: `torch.compile(dynamic=True)` each decoder layer in place (`compile_layers`); one
-        process only (not with shard=True).
+    compile: `torch.compile(dynamic=True)` each decoder layer in place (`compile_layers`),
+        before sharding (FSDP2's hooks then wrap the compiled layers, as torchtitan orders them).
     """
 
     compute_dtype: torch.dtype = torch.float32
@@ -93,11 +93,6 @@ def prepare_model(model: torch.nn.Module, placement: Placement,
     """
     if placement.cpu_offload and not placement.shard:
         raise ValueError("cpu_offload needs sharding (FSDP2): launch with torchrun")
-    if placement.compile and placement.shard:
-        # Tried on 2 gloo ranks (2026-12-07): the ranks' all-gathers fell out of step in the
-        # PRM's backward and gloo aborted. Refused until compiled layers are shown to work there.
-        raise ValueError("train.compile is not supported under torchrun (FSDP2) yet: "
-                         "run without it, or in one process")
     if placement.activation_checkpointing:
         if not hasattr(model, "gradient_checkpointing_enable"):
             raise ValueError(f"{type(model).__name__} cannot checkpoint activations")
@@ -139,7 +134,8 @@ def compile_layers(model: torch.nn.Module) -> None:
     embedding, activations and residual adds, which on a CPU are most of a small model's time
     beside its matrix products (docs/performance.md). Sampling does not run compiled: the HF
     engine calls the model under `torch.compiler.set_stance("force_eager")` (its cache grows
-    every step). Not under FSDP2 yet (`prepare_model` refuses it).
+    every step). Under torchrun `prepare_model` compiles before `fully_shard`, as torchtitan
+    does; 2 gloo ranks train as the eager ranks do (tests/trainer/test_compile.py).
     """
     for layer in decoder_layers(model):
         layer.compile(dynamic=True)

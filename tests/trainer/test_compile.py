@@ -12,10 +12,12 @@ import copy
 import pytest
 import torch
 
+from primekit.config import load_config
 from primekit.factory import build_rl_trainer
 from primekit.models.parallel import Placement, decoder_layers, prepare_model
 from primekit.rollout.base import SamplingParams
 from primekit.rollout.hf import HFRolloutEngine
+from tests.trainer.conftest import CONFIG
 from tests.trainer.test_packed_trajectory import COMMON, LAYOUTS, _passes
 
 
@@ -34,8 +36,6 @@ def test_compile_marks_every_decoder_layer_keeps_names_and_sampling_stays_eager(
     assert len(layers) >= 2 and all(layer._compiled_call_impl is not None for layer in layers)
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager))
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no `_orig_mod.` prefixes
-    with pytest.raises(ValueError, match="not supported under torchrun"):
-        prepare_model(copy.deepcopy(eager), Placement(compile=True, shard=True))
 
     # Greedy samples of the compiled model are the eager model's, in both decode paths (the
     # model's own forward, and the written-out step after a prefill through the model), and
@@ -86,3 +86,59 @@ def test_every_pass_agrees_compiled_and_eager(rl_config, layout, extra):
             worst = max(worst, float(torch.as_tensor(got[key] - value).abs().max()))
             torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-5, msg=key)
     print(f"{layout} {extra}: largest difference {worst:.1e} (relative to the largest value)")
+
+
+def _sharded_worker(rank: int, world: int, init_file: str, policy: str, run_dir: str,
+                    out: str) -> None:
+    from primekit import distributed as dist
+    from tests.trainer.test_distributed_trainer import _overrides, _Parity, _state, _two_steps
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                         world_size=world)
+    try:
+        torch.set_num_threads(1)
+        cfg = load_config(CONFIG, _overrides(policy, run_dir) + ["train.compile=true"])
+        trainer = build_rl_trainer(cfg, verifier=_Parity())
+        compiled = [layer._compiled_call_impl is not None
+                    for m in (trainer.policy, trainer.rewarder.model, trainer.ref)
+                    for layer in decoder_layers(m)]
+        steps = [dist.reduce_metrics(m) for m in _two_steps(trainer)]
+        torch.save({"compiled": compiled, "state": _state(trainer), "steps": steps,
+                    "graphs": _compiled_frames()}, f"{out}/rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_sharded_compiled_ranks_train_as_one_eager_process(sft_model_dir, tmp_path):
+    # Compiled before FSDP2 shards them (torchtitan's order), the layers of 2 gloo ranks train
+    # two steps as one eager process does: the tolerance of the eager ranks' own comparison
+    # (tests/trainer/test_distributed_trainer.py), fused kernels' rounding on top.
+    from tests.spawn import run_processes
+    from tests.trainer.test_distributed_trainer import (
+        TOLERANCE,
+        _overrides,
+        _Parity,
+        _state,
+        _two_steps,
+    )
+
+    out = tmp_path / "out"
+    out.mkdir()
+    run_processes(_sharded_worker, (2, str(tmp_path / "store"), str(sft_model_dir),
+                                    str(tmp_path / "run"), str(out)),
+                  nprocs=2, timeout_s=500, what="2 compiled ranks")
+    r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert all(r0["compiled"]) and all(r1["compiled"]) and len(r0["compiled"]) >= 6
+    assert r0["graphs"] > 0 and r1["graphs"] > 0
+    single = build_rl_trainer(load_config(CONFIG, _overrides(str(sft_model_dir),
+                                                             str(tmp_path / "single"))),
+                              verifier=_Parity())
+    one_steps, one = _two_steps(single), _state(single)
+    for name in ("policy", "prm"):
+        diff = max((v - r0["state"][name][k]).abs().max().item() for k, v in one[name].items())
+        print(f"{name}: max |1 eager process - 2 compiled ranks| = {diff:.3g}")
+        assert diff < TOLERANCE, (name, diff)
+    for a, b in zip(one_steps, r0["steps"]):
+        for key in ("reward/outcome_mean", "prm/loss", "prm/acc_abs"):
+            assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
