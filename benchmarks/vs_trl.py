@@ -40,6 +40,10 @@ met (no padding to remove; again 2026-12-06: 0.648x at EOS, 0.785x forced; docs/
 (`policy.max_tokens_per_micro_batch=0`): our rollout is 0.63-0.68x `generate`'s and 69-76%
 of the step (docs/performance.md, "On one H100").
 
+`--trl-compile` gives TRL's side `torch_compile=True` (pair it with our `train.compile=true`):
+on a 2-core Xeon (2026-12-07, forced, n 7) TRL 1.268 s compiled against 1.288 s eager, ours
+compiled 0.730x the compiled TRL step (docs/performance.md, "On a 2-core Intel Xeon").
+
 `--device auto` (the default) runs both sides on the GPU where there is one (ours with
 `train.device`, TRL's through accelerate), every timed span ending with a synchronise; on a CPU
 machine both run on the CPU as before.
@@ -103,7 +107,7 @@ def ours(policy: str, run_dir: str, forced: bool, threads: int, device: torch.de
 
 
 def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool,
-             device: torch.device):
+             device: torch.device, compile_model: bool = False):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -157,6 +161,7 @@ def trl_side(policy: str, prompts: list[str], problems, verifier, forced: bool,
                 learning_rate=1e-4, temperature=1.0, top_k=0, top_p=1.0, logging_steps=1,
                 report_to=[], save_strategy="no", use_cpu=device.type == "cpu", bf16=False, fp16=False,
                 dataloader_num_workers=0, seed=0, gradient_checkpointing=False,
+                torch_compile=compile_model,
                 generation_kwargs={"min_new_tokens": 64} if forced else None)
             model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
             timer = Timer()
@@ -187,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--forced", action="store_true", help="every row 64 tokens (no EOS stop)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="auto", help="auto: the GPU where there is one")
+    parser.add_argument("--trl-compile", action="store_true",
+                        help="TRL's side with torch_compile=True (transformers' Trainer compiles "
+                             "the whole model through accelerate); pair with train.compile=true")
     parser.add_argument("overrides", nargs="*",
                         help="config overrides of our side, e.g. policy.max_tokens_per_micro_batch=0"
                              " (padded rows)")
@@ -211,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         problems = [trainer.train_problems[i] for i in idx]
         prompts = [trainer.tokenizer.decode(trainer.train_prompt_ids[i]) for i in idx]
         their_step = trl_side(args.policy, prompts, problems, trainer.verifier, args.forced,
-                              device)
+                              device, args.trl_compile)
         where = (torch.cuda.get_device_name(device) if device.type == "cuda"
                  else f"{args.threads} thread(s)")
-        print(f"TRL {trl.__version__}; 16 prompts x 4, max 64 new tokens"
+        print(f"TRL {trl.__version__}{' (torch_compile)' if args.trl_compile else ''}; "
+              f"16 prompts x 4, max 64 new tokens"
               f"{' forced' if args.forced else ' (EOS stops)'}, fp32, {where}; "
               f"{args.repeats} timed steps each after 1 warm-up, alternating", flush=True)
         our_step(), their_step()
