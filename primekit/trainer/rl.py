@@ -501,7 +501,8 @@ class RLTrainer:
         self.history = state.get("history", [])
         self.engine.sync_weights(self.policy)
         self.resumed_from = path
-        console.print(f"resumed from {path} at step {self.step}")
+        if dist.is_main():  # once, not once per rank
+            console.print(f"resumed from {path} at step {self.step}")
 
 
 def export_final(path: Path, out: Path) -> dict[str, Path]:
