@@ -54,6 +54,21 @@ def test_compile_marks_every_decoder_layer_keeps_names_and_sampling_stays_eager(
     assert got.response_ids.shape[1] > 0
 
 
+def test_compile_without_a_cxx_compiler_is_refused_before_any_pass(sft_model_dir, monkeypatch):
+    import torch._inductor.cpp_builder as cpp_builder
+    from transformers import AutoModelForCausalLM
+
+    def no_compiler():
+        raise RuntimeError("No working C++ compiler found in torch._inductor.config.cpp.cxx")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    model = AutoModelForCausalLM.from_pretrained(sft_model_dir)
+    with pytest.raises(ValueError, match=r"train.compile=true needs a C\+\+ compiler .*No working"
+                                         r".*or set train.compile=false"):
+        prepare_model(model, Placement(compile=True))
+    assert all(layer._compiled_call_impl is None for layer in decoder_layers(model))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,extra", [("padded-rows", ()), ("packed-tokens", ()), (
     "packed-tokens", ("parallel.activation_checkpointing=true",))])
