@@ -252,6 +252,8 @@ class Progress:
     Args:
         total: number of steps.
         description: label shown before the bar.
+        start: steps already done (a resumed run): counts go on from there, and the rate and
+            ETA come from the steps of this process.
         enabled: show anything at all; defaults to `is_main()`.
         every: updates between plain lines; default about 20 lines per run.
         console: where to draw (default: the module's `console`).
@@ -265,20 +267,23 @@ class Progress:
         *,
         every: int | None = None,
         console: Console | None = None,
+        start: int = 0,
     ) -> None:
         if total < 0:
             raise ValueError(f"total must be >= 0, got {total}")
+        if not 0 <= start <= total:
+            raise ValueError(f"start must lie in [0, total={total}], got {start}")
         if every is not None and every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.total = total
         self.description = description
         self.enabled = is_main() if enabled is None else enabled
-        self.every = every if every is not None else max(1, total // 20)
+        self.every = every if every is not None else max(1, (total - start) // 20)
         self.console = console if console is not None else _console()
-        self.completed = 0
+        self.start = self.completed = start
         self._shown: dict[str, Any] = {}
         self._start = time.monotonic()
-        self._last_printed = 0
+        self._last_printed = start
         self._bar: _RichProgress | None = None
         if self.enabled and self.console.is_terminal:
             self._bar = _RichProgress(
@@ -291,7 +296,7 @@ class Progress:
                 TextColumn("{task.fields[shown]}"),
                 console=self.console,
             )
-            self._task = self._bar.add_task(description, total=total, shown="")
+            self._task = self._bar.add_task(description, total=total, completed=start, shown="")
             self._bar.start()
 
     def update(self, advance: int = 1, **shown_metrics: Any) -> None:
@@ -314,12 +319,13 @@ class Progress:
     def line(self) -> str:
         """The compact one-line status printed when not on a terminal."""
         elapsed = time.monotonic() - self._start
-        rate = elapsed / self.completed if self.completed else math.nan
+        done = self.completed - self.start  # steps of this process
+        rate = elapsed / done if done else math.nan
         eta = rate * (self.total - self.completed)
         pct = 100.0 * self.completed / self.total if self.total else 100.0
         parts = [
             f"{self.description} {self.completed}/{self.total} ({pct:.0f}%)",
-            f"{rate:.3g}s/it" if self.completed else "?s/it",
+            f"{rate:.3g}s/it" if done else "?s/it",
             f"eta {_fmt_duration(eta)}",
         ]
         parts += [f"{k}={_fmt(v)}" for k, v in self._shown.items()]

@@ -161,7 +161,7 @@ class RLTrainer:
         for row in self.history:  # a resumed run's rows so far, where it has them
             watch.update(row.get("reward/outcome_mean_sampled"), 0)
         try:
-            with Progress(total=cfg.steps - self.step,
+            with Progress(total=cfg.steps, start=self.step,
                           description=f"RL ({self.cfg.algorithm.reward_mode})") as progress:
                 while self.step < cfg.steps:
                     signals.stop_if_requested(self.step, Path(cfg.run_dir), self.save)

@@ -200,6 +200,25 @@ def test_progress_prints_compact_lines_when_not_a_terminal():
     assert "eta 0s" in lines[-1] and "reward/mean=0.9" in lines[-1]
 
 
+def test_progress_of_a_resumed_run_counts_on_from_its_start():
+    # A run resumed at step 6 of 10: lines say 8/10 and 10/10, not 2/4 and 4/4; the rate is
+    # over this process's steps (a number, not nan, after 2 of them).
+    con = plain_console()
+    with Progress(10, "RL", enabled=True, every=2, console=con, start=6) as bar:
+        for _ in range(4):
+            bar.update(1)
+    lines = con.file.getvalue().splitlines()
+    assert [line.split()[:3] for line in lines] == [["RL", "8/10", "(80%)"],
+                                                    ["RL", "10/10", "(100%)"]]
+    assert "nan" not in lines[0] and "?s/it" not in lines[0]
+    with pytest.raises(ValueError, match="start must lie in"):
+        Progress(10, "RL", enabled=False, start=11)
+    tty = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with Progress(10, "RL", enabled=True, console=tty, start=6) as bar:
+        bar.update(1)
+    assert "7/10" in tty.file.getvalue()
+
+
 def test_progress_on_a_terminal_draws_a_bar_and_other_ranks_stay_quiet():
     tty = Console(file=io.StringIO(), force_terminal=True, width=120)
     with Progress(3, "rollout", enabled=True, console=tty) as bar:
