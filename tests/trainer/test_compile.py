@@ -12,12 +12,21 @@ import copy
 import pytest
 import torch
 
+from primekit import distributed as dist
 from primekit.config import load_config
 from primekit.factory import build_rl_trainer
 from primekit.models.parallel import Placement, decoder_layers, prepare_model
 from primekit.rollout.base import SamplingParams
 from primekit.rollout.hf import HFRolloutEngine
+from tests.spawn import run_processes
 from tests.trainer.conftest import CONFIG
+from tests.trainer.test_distributed_trainer import (
+    TOLERANCE,
+    _overrides,
+    _Parity,
+    _state,
+    _two_steps,
+)
 from tests.trainer.test_packed_trajectory import COMMON, LAYOUTS, _passes
 
 
@@ -105,9 +114,6 @@ def test_every_pass_agrees_compiled_and_eager(rl_config, layout, extra):
 
 def _sharded_worker(rank: int, world: int, init_file: str, policy: str, run_dir: str,
                     out: str) -> None:
-    from primekit import distributed as dist
-    from tests.trainer.test_distributed_trainer import _overrides, _Parity, _state, _two_steps
-
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=world)
     try:
@@ -129,15 +135,6 @@ def test_two_sharded_compiled_ranks_train_as_one_eager_process(sft_model_dir, tm
     # Compiled before FSDP2 shards them (torchtitan's order), the layers of 2 gloo ranks train
     # two steps as one eager process does: the tolerance of the eager ranks' own comparison
     # (tests/trainer/test_distributed_trainer.py), fused kernels' rounding on top.
-    from tests.spawn import run_processes
-    from tests.trainer.test_distributed_trainer import (
-        TOLERANCE,
-        _overrides,
-        _Parity,
-        _state,
-        _two_steps,
-    )
-
     out = tmp_path / "out"
     out.mkdir()
     run_processes(_sharded_worker, (2, str(tmp_path / "store"), str(sft_model_dir),
