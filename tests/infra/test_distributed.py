@@ -145,8 +145,9 @@ def test_two_process_gloo_group(tmp_path):
     # Rarely, on a loaded 2-core machine, a rank dies of SIGABRT ("terminate called without an
     # active exception", from torch's C++ side): 2 of 311 runs of this test with one or two cores
     # kept busy (2026-12-06). Every rank waiting for the others' teardown before exiting did not
-    # prevent it (1 abort in 271 runs with the wait, 1 in 40 without). Should it happen again,
-    # the failure says how far each rank got.
+    # prevent it (1 abort in 271 runs with the wait, 1 in 40 without). It came after both ranks'
+    # torn-down markers, i.e. at exit, which tests/spawn.py now skips (os._exit once `fn` has
+    # returned). Should it happen again, the failure says how far each rank got.
     run = tmp_path / "run"
     try:
         run_processes(_worker, (2, str(tmp_path / "store"), str(run)), nprocs=2,
