@@ -7,7 +7,8 @@ engine once in turn (on a shared machine the load changes by the minute; interle
 it evenly). A row reports generated tokens (EOS included, padding not) per second of wall time
 over its timed calls. `hf` is the engine as the trainer runs it (`rollout.hf_decode=auto`:
 the written-out decode step where the model allows it), `hf-model` the same engine with the
-model's own forward at every decode step (`rollout.hf_decode=model`).
+model's own forward at every decode step (`rollout.hf_decode=model`), `hf-compiled` the
+written-out step under `torch.compile` (`rollout.hf_decode=compiled`; the warm-up call compiles).
 
 vLLM parts (when vLLM can be imported, i.e. in the `.venv-vllm` of `.ci/vllm.sh`):
 - `vllm (primekit engine)`: `VLLMRolloutEngine.generate`, what the trainer calls: one request
@@ -27,7 +28,7 @@ whichever build is installed.
 
 Usage:
     python benchmarks/rollout.py --policy runs/demo/sft [--batch 64] [--max-new-tokens 64]
-        [--repeats 3] [--engines hf,hf-model,generate,vllm] [--diagnose] [--steps 3]
+        [--repeats 3] [--engines hf,hf-model,hf-compiled,generate,vllm] [--diagnose] [--steps 3]
 """
 
 from __future__ import annotations
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     if "hf-model" in engines:  # the same engine with the model's own forward at every step
         calls["primekit HF engine, decode=model"] = hf_engine_call(
             policy, tokenizer, prompts, params, args.forced, decode="model")
+    if "hf-compiled" in engines:  # the written-out step under torch.compile
+        calls["primekit HF engine, decode=compiled"] = hf_engine_call(
+            policy, tokenizer, prompts, params, args.forced, decode="compiled")
     if "generate" in engines:
         calls["transformers generate"] = transformers_generate_call(policy, tokenizer, prompts,
                                                                     params, args.forced)

@@ -108,8 +108,9 @@ class RolloutConfig:
     # backend=hf only: "auto" feeds each new token of Llama, Mistral, Qwen2 and Qwen3 models with
     # plain weights through primekit's written-out decode step (rollout/decode.py; other models
     # and sharded, adapted or offloaded ones through their own forward); "model": always the
-    # model's own forward (bit-identical to transformers' decode, docs/rollout.md).
-    hf_decode: Literal["auto", "model"] = "auto"
+    # model's own forward (bit-identical to transformers' decode, docs/rollout.md); "compiled":
+    # as "auto", the written-out step under torch.compile (static shapes; compiled at first use).
+    hf_decode: Literal["auto", "model", "compiled"] = "auto"
     # backend=vllm only (docs/rollout.md). KV-cache budget: GiB of RAM on a CPU, share of the GPU's
     # memory on a GPU (the trainer's models share it); 0 max model length: the model's own.
     vllm_kv_cache_gib: Positive = 1

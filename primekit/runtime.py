@@ -68,3 +68,19 @@ def signals_held() -> Iterator[None]:
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         for s in dict.fromkeys(pending):  # each signal once, in the order received
             signal.raise_signal(s)
+
+
+def check_compiler(setting: str) -> None:
+    """Raise ValueError now, with the fix, where torch.compile would find no C++ compiler at the
+    first compiled call, after the models' load: its CPU kernels are built with one (on a GPU
+    Triton builds its own, with whatever C compiler it finds). `setting` names what asked for
+    compiling, e.g. "train.compile=true"."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:  # another torch's layout: the first compiled call will say
+        return
+    try:
+        get_cpp_compiler()
+    except Exception as e:  # torch's InvalidCxxCompiler
+        raise ValueError(f"{setting} needs a C++ compiler ({e}): install one (g++ or clang++), "
+                         "or turn it off") from None

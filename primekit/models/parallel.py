@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from primekit.runtime import check_compiler
+
 # Name of the per-instance scoring method `prepare_model` attaches (see the module docstring).
 SCORE_METHOD = "primekit_score"
 
@@ -138,24 +140,9 @@ def compile_layers(model: torch.nn.Module) -> None:
     does; 2 gloo ranks train as the eager ranks do (tests/trainer/test_compile.py).
     """
     if next(model.parameters()).device.type == "cpu":
-        check_compiler()
+        check_compiler("train.compile=true")
     for layer in decoder_layers(model):
         layer.compile(dynamic=True)
-
-
-def check_compiler() -> None:
-    """Raise ValueError now, with the fix, where torch.compile would find no C++ compiler at the
-    first compiled pass, after the models' load and a rollout: its CPU kernels are built with
-    one (on a GPU Triton builds its own, with whatever C compiler it finds)."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-    except ImportError:  # another torch's layout: the first compiled pass will say
-        return
-    try:
-        get_cpp_compiler()
-    except Exception as e:  # torch's InvalidCxxCompiler
-        raise ValueError(f"train.compile=true needs a C++ compiler ({e}): install one (g++ or "
-                         "clang++), or set train.compile=false") from None
 
 
 def _autocast(fn: Callable, dtype: torch.dtype) -> Callable:

@@ -240,6 +240,85 @@ def decode_step(
     [m] (their position ids), bias [m, L] (L = cached positions + 1: 0 attended, -inf not).
     Returns logits [m, V].
     """
+    # Attention covers the positions written so far (views of the cache that grow by one).
+    return _decode(w, tokens, positions, bias,
+                   lambda i, k, v: cache.layers[i].append(k, v))
+
+
+def static_decode_step(
+    w: DecodeWeights, keys: list[torch.Tensor], values: list[torch.Tensor],
+    tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, bias: torch.Tensor,
+) -> torch.Tensor:
+    """`decode_step` with shapes that do not change from step to step, for `torch.compile`.
+
+    The new keys and values are written at position `slot` of views of the cache that cover
+    S positions, S from a short list of sizes (`attention_span`), and attention covers all S,
+    the ones not yet written (and the prompts' padding) masked by -inf in `bias`: the same
+    softmax as over the written positions alone, since exp(-inf) = 0. Only the row count m
+    changes from step to step within a span (as rows finish), which the engine marks dynamic,
+    so one compiled graph serves every step of a span.
+
+    keys, values: per layer [m, G, S, d] (views of the first m rows and S positions of the
+    preallocated buffers, written in place); tokens, positions [m]; slot [1] (int64, the
+    position written, < S, the same for every row: the prompts are left-padded to one length);
+    bias [m, S]. Returns logits [m, V].
+    """
+
+    def write(i: int, k: torch.Tensor, v: torch.Tensor):
+        keys[i].index_copy_(2, slot, k[:, :, None])  # [m, G, S, d]
+        values[i].index_copy_(2, slot, v[:, :, None])
+        return keys[i], values[i]
+
+    return _decode(w, tokens, positions, bias, write)
+
+
+# Graphs the compiled step may keep (one per cache capacity, attention span and model shape);
+# dynamo's own default, 8, is meant for one function of one model, not one graph per shape.
+RECOMPILE_LIMIT = 64
+_compiled: Callable | None = None
+
+
+def attention_span(length: int) -> int:
+    """The positions the compiled step attends over when `length` are written: the smallest of
+    32, 48, 64, 96, 128, 192, ... (two sizes per doubling) that is at least `length`. Static
+    sizes from a short list: a handful of compiled graphs serve every length, and attention
+    covers at most 1.5x the written positions (the rest masked)."""
+    span = 32
+    while span < length:
+        span *= 2
+    three_quarters = span * 3 // 4
+    return three_quarters if length <= three_quarters and three_quarters >= 32 else span
+
+
+def compiled_decode_step(
+    w: DecodeWeights, keys: list[torch.Tensor], values: list[torch.Tensor],
+    tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, bias: torch.Tensor,
+) -> torch.Tensor:
+    """`static_decode_step` under `torch.compile` (the same arguments and result).
+
+    Built once per process; the row count m is marked dynamic (one graph for every m > 1:
+    the engine runs a single row through the eager step, which dynamo would specialise), every
+    other size is static: a graph per cache capacity, attention span (`attention_span`) and
+    model shape. Static sizes are what makes it fast on a CPU: compiled with the attended
+    length dynamic the step ran 2x slower than eager (docs/performance.md). Runs compiled even inside the HF
+    engine's `set_stance("force_eager")`, which keeps the training layers that `train.compile`
+    compiled eager during sampling.
+    """
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(static_decode_step, fullgraph=True, dynamic=False)
+    for x in (tokens, positions, bias, *keys, *values):
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+    with (torch.compiler.set_stance("default"),
+          torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)):
+        return _compiled(w, keys, values, tokens, positions, slot, bias)
+
+
+def _decode(w: DecodeWeights, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
+            write: Callable) -> torch.Tensor:
+    """The written-out forward of one new token per row (`decode_step`); `write(layer, k, v)`
+    stores the new keys and values [m, G, d] and returns the keys and values attention covers,
+    [m, G, L, d] each."""
     h = F.embedding(tokens, w.embed)  # [m, D]
     m = h.shape[0]
     if w.cos is not None:  # the table of every cache position
@@ -252,7 +331,7 @@ def decode_step(
     # attention's layout once per step, not once per layer.
     G = w.layers[0].k.shape[0] // w.layers[0].head_dim  # noqa: N806
     bias = grouped_bias(bias, G, h.dtype)  # [m*G, 1, L]
-    for lw, kv in zip(w.layers, cache.layers):
+    for i, lw in enumerate(w.layers):
         n = rms_norm(h, lw.norm1, lw.eps1)  # [m, D]
         d = lw.head_dim
         q = F.linear(n, lw.q, lw.q_bias).view(m, -1, d)  # [m, H, d]
@@ -263,7 +342,7 @@ def decode_step(
             k = rms_norm(k, lw.k_norm, lw.qk_eps)
         q = q * cos + q.roll(half, -1) * sin
         k = k * cos + k.roll(half, -1) * sin
-        keys, values = kv.append(k, v)  # [m, G, L, d] each, views of the cache
+        keys, values = write(i, k, v)  # [m, G, L, d] each, views of the cache
         o = single_query_attention(q, keys, values, bias, lw.scale)  # [m, H*d]
         h = h + F.linear(o, lw.o, lw.o_bias)
         n = rms_norm(h, lw.norm2, lw.eps2)

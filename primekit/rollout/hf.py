@@ -14,6 +14,7 @@ import torch
 
 from primekit import distributed as dist
 from primekit.rollout.base import RolloutBatch, SamplingParams, check_prompt_ids, concat_batches
+from primekit.runtime import check_compiler
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -218,8 +219,11 @@ class HFRolloutEngine:
         decode: "auto": after the prompt (the model's own forward), each new token goes through
             the written-out step of `rollout/decode.py` where `prepare_decode` allows it
             (Llama-family models with plain weights), the model's forward otherwise; "model":
-            always the model's forward (bit-identical to transformers' own decode steps).
-            `decode_path` says which the last `generate` took.
+            always the model's forward (bit-identical to transformers' own decode steps);
+            "compiled": as "auto", with the written-out step under `torch.compile`
+            (`decode.compiled_decode_step`: static shapes but the row count, attention over the
+            whole cache; a graph per cache capacity, compiled at first use, about 10 s each on
+            a CPU). `decode_path` says which the last `generate` took.
     """
 
     def __init__(
@@ -234,8 +238,10 @@ class HFRolloutEngine:
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
-        if decode not in ("auto", "model"):
-            raise ValueError(f"decode must be 'auto' or 'model', got {decode!r}")
+        if decode not in ("auto", "model", "compiled"):
+            raise ValueError(f"decode must be 'auto', 'model' or 'compiled', got {decode!r}")
+        if decode == "compiled" and next(model.parameters()).device.type == "cpu":
+            check_compiler("rollout.hf_decode=compiled")
         self.decode = decode
         self.decode_path: str | None = None  # "written-out" or "model forward (<why>)", per generate
         self.model = model
@@ -343,8 +349,15 @@ class HFRolloutEngine:
 
         # The KV cache and the attention mask are allocated once for P + T - 1 positions (the
         # last sampled token is never fed back) and filled in place; the model sees views of
-        # the filled part, so attention covers only the positions written so far.
-        cache = preallocated_cache(self.model.config, P + T - 1)
+        # the filled part, so attention covers only the positions written so far. The compiled
+        # step attends over spans of a few fixed sizes instead (static shapes), so its cache
+        # has the size of the largest span it needs (the views' strides are fixed with it).
+        capacity = P + T - 1
+        if self.decode == "compiled":
+            from primekit.rollout.decode import attention_span
+
+            capacity = attention_span(capacity)
+        cache = preallocated_cache(self.model.config, capacity)
         attn_buf = torch.zeros((n, P + T - 1), dtype=torch.long, device=device)  # [n, P+T-1]
         attn_buf[:, :P] = prompt_mask
         # With SDPA the decode steps pass the 4-D boolean mask [m, 1, 1, kv] themselves (what
@@ -361,14 +374,24 @@ class HFRolloutEngine:
         if self.decode == "model":
             weights, blocker = None, "decode=model"
         else:
-            from primekit.rollout.decode import decode_step, prepare_decode
+            from primekit.rollout.decode import (
+                attention_span,
+                compiled_decode_step,
+                decode_step,
+                prepare_decode,
+            )
 
             weights, blocker = prepare_decode(self.model, cache)
-        self.decode_path = "written-out" if blocker is None else f"model forward ({blocker})"
+        compiled = self.decode == "compiled" and blocker is None
+        self.decode_path = ("written-out, compiled" if compiled else "written-out"
+                            if blocker is None else f"model forward ({blocker})")
         if blocker is None:
-            # The mask as an additive bias [n, P+T-1] (0 attended, -inf not), in attn_buf's place.
-            bias_buf = torch.zeros(attn_buf.shape, dtype=weights.embed.dtype, device=device)
-            bias_buf.masked_fill_(attn_buf == 0, float("-inf"))
+            # The mask as an additive bias [n, capacity] (0 attended, -inf not), in attn_buf's
+            # place; the positions past P + T - 1 (the compiled step's rounding) never attended.
+            bias_buf = torch.full((n, capacity), float("-inf"), dtype=weights.embed.dtype,
+                                  device=device)
+            bias_buf[:, :P].masked_fill_(prompt_mask.bool(), 0.0)
+            slots = torch.arange(capacity, device=device)  # [capacity], the compiled step's slot
         # The mask the decode steps read, and its value for an attended position.
         mask_buf, attended = (attn_buf, 1) if blocker is not None else (bias_buf, 0)
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
@@ -403,7 +426,15 @@ class HFRolloutEngine:
                 rows, tokens, next_pos = rows[order], tokens[order], next_pos[order]
             # Every row left in the cache is live and attends its new position.
             mask_buf[:m, P + t] = attended
-            if blocker is None:
+            if compiled and m > 1:
+                span = attention_span(P + t + 1)  # [m, G, span, d] views, the last one written
+                logits = compiled_decode_step(
+                    weights, [layer.key_buffer[:m, :, :span] for layer in cache.layers],
+                    [layer.value_buffer[:m, :, :span] for layer in cache.layers], tokens,
+                    next_pos, slots[P + t : P + t + 1], bias_buf[:m, :span])
+                for layer in cache.layers:  # what `append` counts in the eager step
+                    layer.length += 1
+            elif blocker is None:
                 logits = decode_step(weights, cache, tokens, next_pos, bias_buf[:m, : P + t + 1])
             else:
                 attn = attn_buf[:m, : P + t + 1]  # [m, P + t + 1], a view

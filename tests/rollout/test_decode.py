@@ -140,6 +140,101 @@ def test_written_out_step_float32_agrees_to_rounding():
                                rtol=0, atol=1e-5)
 
 
+def test_attention_span_is_the_next_of_two_sizes_per_doubling():
+    from primekit.rollout.decode import attention_span
+
+    # 32, then per doubling 3/4 of the next power of two and that power: 48, 64, 96, 128, ...
+    cases = {1: 32, 31: 32, 32: 32, 33: 48, 48: 48, 49: 64, 64: 64, 65: 96, 96: 96, 97: 128,
+             129: 192, 193: 256, 1000: 1024, 1025: 1536, 1537: 2048}
+    assert {n: attention_span(n) for n in cases} == cases
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_static_step_equals_the_written_out_step_float64(model_type):
+    # The compiled path's step, run eager: keys and values written at a slot of views that span
+    # more positions than are written, the rest masked, against `decode_step` over the
+    # written positions alone. float64: the same logits to 1e-12 at every step, across the
+    # spans 32 -> 48 (P = 6 prompt positions + 36 steps), and the same cache.
+    from primekit.rollout.decode import (
+        attention_span,
+        decode_step,
+        prepare_decode,
+        static_decode_step,
+    )
+    from primekit.rollout.hf import preallocated_cache
+
+    model = _tiny(model_type)
+    n, P, steps = len(PROMPTS), max(map(len, PROMPTS)), 36
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS])  # [n, P]
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS])  # [n, P]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    capacity = attention_span(P + steps)
+    assert capacity == 48
+    caches = [preallocated_cache(model.config, capacity) for _ in range(2)]
+    bias = torch.full((n, capacity), float("-inf"), dtype=torch.float64)
+    bias[:, :P].masked_fill_(mask.bool(), 0.0)
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values")
+    with torch.no_grad():
+        for cache in caches:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           use_cache=True, logits_to_keep=1, **{kwarg: cache}).logits[:, -1]
+        w = prepare_decode(model, caches[0])[0]
+        pos, spans = positions[:, -1] + 1, set()
+        for t in range(steps):
+            tokens = logits.argmax(-1)  # [n]
+            bias[:, P + t] = 0.0
+            logits = decode_step(w, caches[0], tokens, pos, bias[:, :P + t + 1])
+            span = attention_span(P + t + 1)
+            spans.add(span)
+            static = static_decode_step(
+                w, [layer.key_buffer[:, :, :span] for layer in caches[1].layers],
+                [layer.value_buffer[:, :, :span] for layer in caches[1].layers], tokens, pos,
+                torch.tensor([P + t]), bias[:, :span])
+            torch.testing.assert_close(static, logits, rtol=0, atol=1e-12)
+            pos = pos + 1
+    assert spans == {32, 48}
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        torch.testing.assert_close(b.key_buffer, a.key_buffer, rtol=0, atol=1e-12)
+        torch.testing.assert_close(b.value_buffer, a.value_buffer, rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow  # compiles: about 25 s with an empty cache, most of it torch.compile's start
+def test_compiled_engine_samples_what_the_eager_engine_samples():
+    # rollout.hf_decode=compiled against auto, float64, one generator seed: the same tokens
+    # and masks, log-probs to 1e-5 (the norms run in float32, as the models' own, and the
+    # compiled kernels round them in another order), while rows finish at different steps
+    # (tokens 1 and 2 end a row). One span of 32 positions (6 prompt positions + 25 fed back),
+    # so one graph compiled; the static step across spans is checked eager above.
+    model = _tiny("qwen2")
+    params = SamplingParams(temperature=1.0, max_new_tokens=26)
+    out = {}
+    for decode in ("auto", "compiled"):
+        engine = HFRolloutEngine(model, _Tokenizer(), decode=decode, eos_token_ids=[1, 2])
+        out[decode] = engine.generate(PROMPTS, params, torch.Generator().manual_seed(14))
+        out[decode + "_path"] = engine.decode_path
+    assert out["compiled_path"] == "written-out, compiled"
+    assert torch.equal(out["compiled"].response_ids, out["auto"].response_ids)
+    assert torch.equal(out["compiled"].response_mask, out["auto"].response_mask)
+    torch.testing.assert_close(out["compiled"].sampling_logprobs, out["auto"].sampling_logprobs,
+                               rtol=0, atol=1e-5)
+    # Rows of 2, 2, 12, 20 and 26 tokens: rows leave the compiled steps' batch as they finish,
+    # and the last row runs its final 6 steps alone (through the eager step).
+    assert sorted(out["auto"].response_mask.sum(1).tolist()) == [2, 2, 12, 20, 26]
+
+
+def test_compiled_decode_without_a_cxx_compiler_is_refused_at_construction(monkeypatch):
+    import torch._inductor.cpp_builder as cpp_builder
+
+    def no_compiler():
+        raise RuntimeError("No working C++ compiler found in torch._inductor.config.cpp.cxx")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    with pytest.raises(ValueError, match=r"rollout.hf_decode=compiled needs a C\+\+ compiler .*"
+                                         r"No working.*or turn it off"):
+        HFRolloutEngine(_tiny("qwen2"), _Tokenizer(), decode="compiled")
+
+
 def test_single_query_attention_equals_a_loop_over_heads():
     # Grouped-query attention: 6 query heads over 2 key/value heads (query head h reads
     # key/value head h // 3), positions masked per row by -inf in the bias.
@@ -219,6 +314,26 @@ def test_unsupported_architecture_is_named():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_written_out_step_on_cuda(dtype):
     _compare_on("cuda", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_step_on_cuda(dtype):
+    # rollout.hf_decode=compiled on a GPU (Triton kernels): greedy rows of different lengths,
+    # the same tokens as the eager written-out step in float32, and in bfloat16 the first
+    # tokens (later ones may part where two logits round alike).
+    model = _tiny("qwen2", dtype=dtype).to("cuda")
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
+    out = {}
+    for decode in ("auto", "compiled"):
+        engine = HFRolloutEngine(model, _Tokenizer(), decode=decode, eos_token_ids=[1, 2])
+        out[decode] = engine.generate(PROMPTS, params, torch.Generator().manual_seed(0))
+        out[decode + "_path"] = engine.decode_path
+    assert out["compiled_path"] == "written-out, compiled"
+    got, want = out["compiled"].response_ids, out["auto"].response_ids
+    assert torch.equal(got if dtype == torch.float32 else got[:, :2],
+                       want if dtype == torch.float32 else want[:, :2])
 
 
 def _compare_on(device: str, dtype: torch.dtype) -> None:

@@ -73,7 +73,7 @@ def test_compile_without_a_cxx_compiler_is_refused_before_any_pass(sft_model_dir
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
     model = AutoModelForCausalLM.from_pretrained(sft_model_dir)
     with pytest.raises(ValueError, match=r"train.compile=true needs a C\+\+ compiler .*No working"
-                                         r".*or set train.compile=false"):
+                                         r".*or turn it off"):
         prepare_model(model, Placement(compile=True))
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(model))
 
