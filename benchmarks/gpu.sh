@@ -2,7 +2,9 @@
 # The GPU benchmark set of docs/performance.md ("On one H100"), in one short run on a machine
 # with a CUDA device: PRIME against RLOO (packed, then padded rows), packed against padded rows
 # for the tiny model and for a random-weight 0.5B-shape model at the paper's lengths, and our
-# RLOO step against TRL's (skipped where TRL cannot be imported). About 3 minutes on one H100.
+# RLOO step against TRL's (skipped where TRL cannot be imported), the HF engine (eager and
+# compiled decode) against generate, and the guarded optimiser step. About 3 minutes on one H100
+# before the last three were added (not yet run there).
 # Usage: bash benchmarks/gpu.sh SFT_DIR [OUT_DIR]   (SFT_DIR: the demo's SFT model)
 # Run from an environment where primekit and a CUDA build of torch are installed.
 set -uo pipefail
@@ -28,3 +30,10 @@ run packing_05b python benchmarks/packing.py --random-0.5b --rows 64 --micro-row
 run vs_trl_eos python benchmarks/vs_trl.py --policy "$sft" --repeats 7
 run vs_trl_eos_padded python benchmarks/vs_trl.py --policy "$sft" --repeats 7 "${padded[0]}"
 run vs_trl_forced python benchmarks/vs_trl.py --policy "$sft" --repeats 5 --forced
+# The HF engine against generate (target >= 1.5x; H200 at EOS 1.44x before the compiled step)
+# and the compiled decode step (Triton compiles each attention span once: the warm-up calls).
+run rollout_eos python benchmarks/rollout.py --policy "$sft" --engines hf,hf-compiled,generate \
+    --repeats 7
+run rollout_forced python benchmarks/rollout.py --policy "$sft" \
+    --engines hf,hf-compiled,generate --repeats 7 --forced
+run optimizer_step python benchmarks/optimizer_step.py --device auto
