@@ -221,9 +221,9 @@ class HFRolloutEngine:
             (Llama-family models with plain weights), the model's forward otherwise; "model":
             always the model's forward (bit-identical to transformers' own decode steps);
             "compiled": as "auto", with the written-out step under `torch.compile`
-            (`decode.compiled_decode_step`: static shapes but the row count, attention over the
-            whole cache; a graph per cache capacity, compiled at first use, about 10 s each on
-            a CPU). `decode_path` says which the last `generate` took.
+            (`decode.compiled_decode_step`: static shapes but the row count, attention over
+            spans of a few fixed sizes; a graph per span, compiled at first use, about 10 s
+            each on a CPU). `decode_path` says which the last `generate` took.
     """
 
     def __init__(
@@ -243,7 +243,7 @@ class HFRolloutEngine:
         if decode == "compiled" and next(model.parameters()).device.type == "cpu":
             check_compiler("rollout.hf_decode=compiled")
         self.decode = decode
-        self.decode_path: str | None = None  # "written-out" or "model forward (<why>)", per generate
+        self.decode_path: str | None = None  # "written-out[, compiled]" or "model forward (<why>)"
         self.model = model
         self.own_copy = own_copy
         self.tokenizer = tokenizer
