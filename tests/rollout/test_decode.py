@@ -46,30 +46,28 @@ def _tiny(model_type: str, dtype=torch.float64, **overrides):
     return model.eval()
 
 
-def _both(model, params, generator_seed, eos=(1,)):
-    """The same prompts through decode="auto" and decode="model" from one generator seed."""
+def _both(model, params, generator_seed, eos=(1,), decodes=("auto", "model")):
+    """The same prompts through two decode paths (`decodes`) from one generator seed."""
     out = {}
-    for decode in ("auto", "model"):
+    for decode in decodes:
         engine = HFRolloutEngine(model, _Tokenizer(), decode=decode, eos_token_ids=list(eos))
         out[decode] = engine.generate(PROMPTS, params, torch.Generator().manual_seed(generator_seed))
         out[decode + "_path"] = engine.decode_path
     return out
 
 
-def _step_logits(model, steps: int = 6):
-    """Logits of `steps` decode steps after a left-padded prefill, through the model's forward
-    and through `decode_step`, each over its own preallocated cache, fed the same tokens (the
-    model path's argmax): ([steps, n, V], [steps, n, V])."""
-    from primekit.rollout.decode import decode_step, decode_weights, rotary_table
+def _prefilled(model, capacity: int):
+    """PROMPTS left-padded through the model's forward into two preallocated caches of
+    `capacity` positions: (caches, mask [n, P], positions [n, P], last logits [n, V])."""
     from primekit.rollout.hf import preallocated_cache
 
-    n, P = len(PROMPTS), max(map(len, PROMPTS))
+    P = max(map(len, PROMPTS))
     device = next(model.parameters()).device
     ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS], device=device)  # [n, P]
     mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS],
                         device=device)  # [n, P]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    caches = [preallocated_cache(model.config, P + steps) for _ in range(2)]
+    caches = [preallocated_cache(model.config, capacity) for _ in range(2)]
     # transformers 5.x renamed `past_key_values` to `cache`.
     kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
         "past_key_values")
@@ -77,6 +75,21 @@ def _step_logits(model, steps: int = 6):
         for cache in caches:
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                            use_cache=True, logits_to_keep=1, **{kwarg: cache}).logits[:, -1]
+    return caches, mask, positions, logits
+
+
+def _step_logits(model, steps: int = 6):
+    """Logits of `steps` decode steps after a left-padded prefill, through the model's forward
+    and through `decode_step`, each over its own preallocated cache, fed the same tokens (the
+    model path's argmax): ([steps, n, V], [steps, n, V])."""
+    from primekit.rollout.decode import decode_step, decode_weights, rotary_table
+
+    n, P = len(PROMPTS), max(map(len, PROMPTS))
+    device = next(model.parameters()).device
+    caches, mask, positions, logits = _prefilled(model, P + steps)
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values")
+    with torch.no_grad():
         attn = torch.cat([mask, mask.new_ones(n, steps)], 1).bool()  # [n, P+steps]
         bias = torch.zeros(attn.shape, dtype=model.dtype, device=device).masked_fill(
             ~attn, float("-inf"))
@@ -161,24 +174,14 @@ def test_static_step_equals_the_written_out_step_float64(model_type):
         prepare_decode,
         static_decode_step,
     )
-    from primekit.rollout.hf import preallocated_cache
-
     model = _tiny(model_type)
     n, P, steps = len(PROMPTS), max(map(len, PROMPTS)), 36
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS])  # [n, P]
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS])  # [n, P]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     capacity = attention_span(P + steps)
     assert capacity == 48
-    caches = [preallocated_cache(model.config, capacity) for _ in range(2)]
+    caches, mask, positions, logits = _prefilled(model, capacity)
     bias = torch.full((n, capacity), float("-inf"), dtype=torch.float64)
     bias[:, :P].masked_fill_(mask.bool(), 0.0)
-    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
-        "past_key_values")
     with torch.no_grad():
-        for cache in caches:
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           use_cache=True, logits_to_keep=1, **{kwarg: cache}).logits[:, -1]
         w = prepare_decode(model, caches[0])[0]
         pos, spans = positions[:, -1] + 1, set()
         for t in range(steps):
@@ -208,11 +211,7 @@ def test_compiled_engine_samples_what_the_eager_engine_samples():
     # so one graph compiled; the static step across spans is checked eager above.
     model = _tiny("qwen2")
     params = SamplingParams(temperature=1.0, max_new_tokens=26)
-    out = {}
-    for decode in ("auto", "compiled"):
-        engine = HFRolloutEngine(model, _Tokenizer(), decode=decode, eos_token_ids=[1, 2])
-        out[decode] = engine.generate(PROMPTS, params, torch.Generator().manual_seed(14))
-        out[decode + "_path"] = engine.decode_path
+    out = _both(model, params, 14, eos=(1, 2), decodes=("auto", "compiled"))
     assert out["compiled_path"] == "written-out, compiled"
     assert torch.equal(out["compiled"].response_ids, out["auto"].response_ids)
     assert torch.equal(out["compiled"].response_mask, out["auto"].response_mask)
@@ -325,11 +324,7 @@ def test_compiled_step_on_cuda(dtype):
     # tokens (later ones may part where two logits round alike).
     model = _tiny("qwen2", dtype=dtype).to("cuda")
     params = SamplingParams(temperature=0.0, max_new_tokens=20)
-    out = {}
-    for decode in ("auto", "compiled"):
-        engine = HFRolloutEngine(model, _Tokenizer(), decode=decode, eos_token_ids=[1, 2])
-        out[decode] = engine.generate(PROMPTS, params, torch.Generator().manual_seed(0))
-        out[decode + "_path"] = engine.decode_path
+    out = _both(model, params, 0, eos=(1, 2), decodes=("auto", "compiled"))
     assert out["compiled_path"] == "written-out, compiled"
     got, want = out["compiled"].response_ids, out["auto"].response_ids
     assert torch.equal(got if dtype == torch.float32 else got[:, :2],
