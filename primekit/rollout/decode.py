@@ -299,8 +299,9 @@ def compiled_decode_step(
     Built once per process; the row count m is marked dynamic (one graph for every m > 1:
     the engine runs a single row through the eager step, which dynamo would specialise), every
     other size is static: a graph per cache capacity, attention span (`attention_span`) and
-    model shape. Static sizes are what makes it fast on a CPU: compiled with the attended
-    length dynamic the step ran 2x slower than eager (docs/performance.md). Runs compiled even inside the HF
+    model shape. Static sizes are what makes it fast on a CPU: compiled with every size dynamic
+    the step ran 2x slower than eager, with only the row count dynamic as fast as with none
+    (docs/performance.md, "The compiled decode step"). Runs compiled even inside the HF
     engine's `set_stance("force_eager")`, which keeps the training layers that `train.compile`
     compiled eager during sampling.
     """
