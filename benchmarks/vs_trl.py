@@ -44,7 +44,8 @@ of the step (docs/performance.md, "On one H100").
 on a 2-core Xeon (2026-12-07, forced, n 7) TRL 1.268 s compiled against 1.288 s eager, ours
 compiled 0.730x the compiled TRL step (docs/performance.md, "On a 2-core Intel Xeon"); with
 `rollout.hf_decode=compiled` on our side too, 0.708x the compiled TRL step and 0.626-0.661x
-TRL's default one (three sittings; "The compiled decode step").
+TRL's default one (four sittings; seven with `train.compile=true`: mean 0.647x, "The compiled
+decode step").
 
 `--device auto` (the default) runs both sides on the GPU where there is one (ours with
 `train.device`, TRL's through accelerate), every timed span ending with a synchronise; on a CPU
