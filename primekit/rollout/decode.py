@@ -16,6 +16,10 @@ Logits agree with the model's forward to rounding (float32: ~1e-6 relative; floa
 not bit for bit: the attention sums in another order (tests/rollout/test_decode.py). The model's
 own forward stays the path for every other architecture and whenever the model's parameters are
 not plain tensors the step can read (FSDP-sharded, LoRA-wrapped, quantised, offloaded, hooked).
+
+`compiled_decode_step` is the same step under `torch.compile` (`rollout.hf_decode=compiled`),
+written for static sizes (`static_decode_step`): attention over spans of a few fixed lengths,
+the positions not yet written masked.
 """
 
 from __future__ import annotations
