@@ -374,12 +374,7 @@ class HFRolloutEngine:
         if self.decode == "model":
             weights, blocker = None, "decode=model"
         else:
-            from primekit.rollout.decode import (
-                attention_span,
-                compiled_decode_step,
-                decode_step,
-                prepare_decode,
-            )
+            from primekit.rollout.decode import compiled_decode_step, decode_step, prepare_decode
 
             weights, blocker = prepare_decode(self.model, cache)
         compiled = self.decode == "compiled" and blocker is None
@@ -391,7 +386,8 @@ class HFRolloutEngine:
             bias_buf = torch.full((n, capacity), float("-inf"), dtype=weights.embed.dtype,
                                   device=device)
             bias_buf[:, :P].masked_fill_(prompt_mask.bool(), 0.0)
-            slots = torch.arange(capacity, device=device)  # [capacity], the compiled step's slot
+        if compiled:  # attention_span was imported with the capacity above
+            slots = torch.arange(capacity, device=device)  # [capacity], the step's write slot
         # The mask the decode steps read, and its value for an attended position.
         mask_buf, attended = (attn_buf, 1) if blocker is not None else (bias_buf, 0)
         rows = torch.arange(n, device=device)  # rows of this micro-batch still in the cache
