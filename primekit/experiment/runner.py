@@ -47,7 +47,11 @@ here. Fields of NOT_THE_RUN that change the arithmetic and that the spec's arms 
 
 Run records (`records`, `--records DIR`; primekit.experiment.records): runs and `prepare` models
 restored from a directory that outlives this machine instead of being trained, and every finished
-run recorded there.
+run recorded there. A run not yet started is looked for in that order: this spec's own records
+(so a report rebuilt from records reads the runs it recorded, even beside an experiment that
+has since finished the same config: packed-layout's packed PRIME runs are prime-vs-rloo's PRIME
+arm today, but prime-vs-rloo recorded padded ones), a shared run beside `out_dir`, then any other
+spec's records.
 """
 
 from __future__ import annotations
@@ -479,6 +483,10 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
                     r.run_dir, configs[r.run_id]) != FINISHED:
                 shutil.rmtree(r.run_dir)  # a record's copy for other steps: nothing trained here
         states = {r.run_id: run_state(r.run_dir, configs[r.run_id]) for r in runs}
+        # This spec's own records before any other experiment's run: a report rebuilt from
+        # records reads the runs it recorded, whatever finished beside it since.
+        if records is not None:
+            _restore_records(spec, out_dir, runs, configs, states, records, own=True)
         if share and spec.share:
             _share(spec, out_dir, runs, configs, states)
         if records is not None:
@@ -550,23 +558,24 @@ def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config
 
 
 def spec_record(spec: Spec, cfg: Config, inputs: dict | None, records: Path,
-                needs: frozenset[str] = frozenset()) -> Path | None:
+                needs: frozenset[str] = frozenset(), own: bool = False) -> Path | None:
     """`records.find_record` for a run of `spec`: with the fields its arms vary (`Spec.strict`),
-    its own records first, and only those when it does not share (`Spec.share`)."""
+    its own records first, and only those when it does not share (`Spec.share`) or `own`."""
     return find_record(cfg, inputs, records, needs, strict=spec.strict, spec=spec.name,
-                       only=not spec.share)
+                       only=own or not spec.share)
 
 
 def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],
-                     states: dict[str, str], records: Path) -> None:
+                     states: dict[str, str], records: Path, own: bool = False) -> None:
     """Restore each run not yet started from a record of the same run (`records.find_record`:
-    same config, steps and input files), one `"how": "record"` line in attempts.jsonl each."""
+    same config, steps and input files; with `own`, only this spec's records), one
+    `"how": "record"` line in attempts.jsonl each."""
     inputs = _Fingerprints()
     for r in runs:
         if states[r.run_id] != FRESH:
             continue
         found = spec_record(spec, configs[r.run_id], inputs(configs[r.run_id]), records,
-                            _needs(spec, r))
+                            _needs(spec, r), own)
         if found is None:
             continue
         head = restore(found, r.run_dir)

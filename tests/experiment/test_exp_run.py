@@ -261,6 +261,38 @@ def test_runs_shared_between_experiments(tiny_model_dir, tmp_path):
         p.is_symlink() for p in (exps / "g" / "runs").glob("*"))
 
 
+def test_own_records_come_before_a_run_finished_beside(tiny_model_dir, tmp_path):
+    # A report rebuilt from records reads the runs its spec recorded, even where another
+    # experiment beside it has since finished the same config (packed-layout's packed PRIME runs
+    # are prime-vs-rloo's PRIME arm today; prime-vs-rloo recorded padded ones). Here experiment
+    # `a` trains and records both runs, then its metrics are changed in place (standing in for
+    # other runs of the same config): `b` beside it restores the records, not links to `a`.
+    exps, records = tmp_path / "exps", tmp_path / "records"
+    spec = load_spec(write_spec(tmp_path / "a.yaml", tiny_model_dir, seeds=[0]))
+    run_experiment(spec, exps / "a", in_process=main, records=records)
+    recorded = {}
+    for run in (exps / "a" / "runs").iterdir():
+        path = run / "metrics.jsonl"
+        recorded[run.name] = path.read_text()
+        rows = [json.loads(x) for x in recorded[run.name].splitlines()]
+        for row in rows:
+            if "reward/outcome_mean_sampled" in row:
+                row["reward/outcome_mean_sampled"] = 0.125  # not what was recorded
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    launches = []
+    run_experiment(spec, exps / "b", in_process=main, records=records,
+                   on_launch=lambda x: launches.append(x.name))
+    assert launches == []
+    for name, text in recorded.items():
+        run = exps / "b" / "runs" / name
+        assert not run.is_symlink() and (run / "record.json").is_file()
+        assert (run / "metrics.jsonl").read_text() == text
+    # Without records the run beside is the same run, and is linked.
+    run_experiment(spec, exps / "c", in_process=main, max_runs=0)
+    assert sorted(p.name for p in (exps / "c" / "runs").iterdir() if p.is_symlink()) == sorted(
+        recorded)
+
+
 def test_same_run_across_primekit_versions():
     # A stored config is the run asked for when every field agrees up to where and how it ran; a
     # field added to primekit since (absent from the stored config) only at its default.
