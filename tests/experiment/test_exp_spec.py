@@ -151,7 +151,8 @@ TUNING_SPECS = ("prm-settings", "prm-init-tuning", "rgym-policy-warmup", "gao-pp
 # Packaged specs that add seeds to one task family of a two-family claim (spec -> that claim).
 MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo",
                     "demo-prime-vs-rloo-6-seeds-chains": "demo-prime-vs-rloo",
-                    "online-vs-frozen-prm-6-seeds": "online-vs-frozen-prm"}
+                    "online-vs-frozen-prm-6-seeds": "online-vs-frozen-prm",
+                    "demo-online-vs-frozen-prm-6-seeds": "demo-online-vs-frozen-prm"}
 # Packaged specs that ask a two-family claim on one more family (spec -> that claim, and the
 # common overrides it may change: settings chosen for that family on tuning seeds).
 MORE_FAMILIES_SPECS = {"demo-prime-vs-rloo-rgym": ("demo-prime-vs-rloo", ()),
