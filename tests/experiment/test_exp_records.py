@@ -1,6 +1,7 @@
 """The committed evidence holds together: every packaged spec with run records in
 docs/experiments/records/ rebuilds its report from them alone (nothing trained), and every
-estimate in the rebuilt report's verdict table is the one its page in docs/experiments/ states."""
+estimate in the rebuilt report's verdict table is the one its page in docs/experiments/ states;
+and every estimate the README gives is one of the pages', rounded."""
 
 from __future__ import annotations
 
@@ -70,3 +71,19 @@ def test_report_rebuilds_from_records_as_its_page_states(name, tmp_path, monkeyp
         # Pages round to 3 decimals, a few to 4: the same figure within half a unit of the 3rd.
         assert any(all(abs(a - b) <= 6e-4 for a, b in zip(found, stated)) for stated in page), (
             f"{name}: {cells[1:5]} is not on docs/experiments/{PAGE.get(name, name)}.md")
+
+
+def test_readme_estimates_are_the_pages():
+    # The README's evidence table and demo paragraph round the pages' figures: each estimate
+    # with its interval there is one stated in docs/experiments/ or docs/demo.md, to the README's
+    # own precision (half a unit of its last decimal).
+    root = DOCS.parents[1]
+    stated = [e for page in [*DOCS.glob("*.md"), root / "docs" / "demo.md"]
+              for e in estimates(page.read_text())]
+    text = (root / "README.md").read_text()
+    found = [(m.group(0), estimates(m.group(0))[0]) for m in ESTIMATE.finditer(text)]
+    assert len(found) >= 15
+    for written, figure in found:
+        decimals = max(len(x.split(".")[1]) for x in re.findall(r"\d*\.\d+", written))
+        tol = 0.5 * 10 ** -decimals + 1e-9
+        assert any(all(abs(a - b) <= tol for a, b in zip(figure, s)) for s in stated), written
