@@ -186,10 +186,20 @@ def restore(path: Path, run_dir: Path) -> dict:
     tmp.mkdir(parents=True)
     (tmp / "metrics.jsonl").write_text(body, encoding="utf-8")
     (tmp / RECORD).write_text(json.dumps(head, indent=1, sort_keys=True), encoding="utf-8")
-    if run_dir.is_dir():  # at most an empty directory or a stale lock: nothing trained
+    if run_dir.is_dir():  # nothing trained there (`nothing_trained`): what it holds is kept
+        for entry in run_dir.iterdir():
+            if entry.name not in (".lock", "metrics.jsonl", RECORD):
+                entry.rename(tmp / entry.name)
         shutil.rmtree(run_dir)
     tmp.rename(run_dir)
     return head
+
+
+def nothing_trained(run_dir: Path) -> bool:
+    """No run has trained in `run_dir`: no metrics.jsonl, no checkpoints. It may hold a model that
+    a spec's `prepare` step restored from records into it (online-vs-frozen-prm's trained PRM is
+    `final/prm` of prime-vs-rloo's PRIME run of seed 0); a record restored there keeps it."""
+    return not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
 
 
 def model_copy(records: Path, creates: str) -> Path | None:

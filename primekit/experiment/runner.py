@@ -72,6 +72,7 @@ from primekit.experiment.records import (
     copy_tree,
     find_record,
     model_copy,
+    nothing_trained,
     record_path,
     restore,
     restored,
@@ -569,10 +570,12 @@ def _restore_records(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[s
                      states: dict[str, str], records: Path, own: bool = False) -> None:
     """Restore each run not yet started from a record of the same run (`records.find_record`:
     same config, steps and input files; with `own`, only this spec's records), one
-    `"how": "record"` line in attempts.jsonl each."""
+    `"how": "record"` line in attempts.jsonl each. A run directory where nothing was trained but
+    a `prepare` step restored a model (`records.nothing_trained`) counts as not yet started."""
     inputs = _Fingerprints()
     for r in runs:
-        if states[r.run_id] != FRESH:
+        if not (states[r.run_id] == FRESH
+                or (states[r.run_id] == RESTART and nothing_trained(r.run_dir))):
             continue
         found = spec_record(spec, configs[r.run_id], inputs(configs[r.run_id]), records,
                             _needs(spec, r), own)

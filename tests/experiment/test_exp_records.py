@@ -5,6 +5,7 @@ and every estimate the README gives is one of the pages', rounded."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -44,22 +45,38 @@ def test_every_recorded_spec_has_a_page():
         assert (DOCS / f"{PAGE.get(name, name)}.md").is_file(), name
 
 
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory) -> dict[str, Path]:
+    """Every recorded spec rebuilt from the records as `primekit experiment --all --records DIR
+    --max-runs 0` does: one after the other, side by side in one directory (so that runs finished
+    by one are beside the next, and models one spec's `prepare` restores sit in another's run
+    directories), from an empty working directory (a `runs/demo/sft` of this machine would differ
+    from the recorded copy). Its report per spec."""
+    work = tmp_path_factory.mktemp("rebuild")
+    here = Path.cwd()
+    os.chdir(work)
+    reports = {}
+    try:
+        for name in recorded_specs():
+            spec = load_spec(name)
+            out = work / "runs" / "experiments" / name
+
+            def no_training(launch, name=name):
+                raise AssertionError(f"{name}: {launch.name} would be trained")
+
+            result = run_experiment(spec, out, in_process=main, records=RECORDS, max_runs=0,
+                                    on_launch=no_training)
+            assert result == {r.run_id: FINISHED for r in spec.runs(out)}, name
+            reports[name] = write_report(spec, out, plots=False)
+    finally:
+        os.chdir(here)
+    return reports
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", recorded_specs())
-def test_report_rebuilds_from_records_as_its_page_states(name, tmp_path, monkeypatch):
-    # Run from an empty directory: a `runs/demo/sft` of this machine would differ from the
-    # recorded copy, and its records would then not be restored (as the runner says).
-    monkeypatch.chdir(tmp_path)
-
-    def no_training(launch):
-        raise AssertionError(f"{name}: {launch.name} would be trained; its record is missing")
-
-    spec = load_spec(name)
-    out = tmp_path / "experiments" / name
-    result = run_experiment(spec, out, in_process=main, records=RECORDS, max_runs=0,
-                            on_launch=no_training)
-    assert result == {r.run_id: FINISHED for r in spec.runs(out)}
-    report = write_report(spec, out, plots=False).read_text()
+def test_report_rebuilds_from_records_as_its_page_states(name, rebuilt):
+    report = rebuilt[name].read_text()
     table = report.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "[" in line
             and not line.startswith("| task family")]

@@ -292,6 +292,21 @@ def test_own_records_come_before_a_run_finished_beside(tiny_model_dir, tmp_path)
     assert sorted(p.name for p in (exps / "c" / "runs").iterdir() if p.is_symlink()) == sorted(
         recorded)
 
+    # A run directory where nothing was trained but a model was put (a spec's `prepare` step
+    # restores online-vs-frozen-prm's trained PRM into `final/prm` of prime-vs-rloo's PRIME run of
+    # seed 0): the record is restored beside the model, which is kept, not trained again
+    # (with --overwrite, deleting the model another spec starts from).
+    name = sorted(recorded)[0]
+    model = exps / "d" / "runs" / name / "final" / "prm" / "model.safetensors"
+    model.parent.mkdir(parents=True)
+    model.write_text("a prepared model")
+    launches.clear()
+    run_experiment(spec, exps / "d", in_process=main, records=records,
+                   on_launch=lambda x: launches.append(x.name))
+    assert launches == []
+    assert (model.parents[2] / "metrics.jsonl").read_text() == recorded[name]
+    assert model.read_text() == "a prepared model"
+
 
 def test_same_run_across_primekit_versions():
     # A stored config is the run asked for when every field agrees up to where and how it ran; a
