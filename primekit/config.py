@@ -176,8 +176,11 @@ class AlgorithmConfig:
     # Where the dense reward comes from. "prime": the implicit PRM (prm section); "outcome": none,
     # the verifier's outcome only; "explicit-orm" / "explicit-prm": a frozen outcome or step-level
     # reward model trained by `primekit train-orm` / `train-prm` (Gao et al. 2024; explicit
-    # section).
-    reward_mode: Literal["prime", "outcome", "explicit-orm", "explicit-prm"] = "prime"
+    # section); "oracle-prm": a step PRM that is never wrong, 1 while the response's steps are
+    # the reference solution's and 0 from the first that differs (the procedural arithmetic
+    # families only, where the reference is the only right solution; explicit section's
+    # transform, eta and delimiter), the bound on what dense credit can add.
+    reward_mode: Literal["prime", "outcome", "explicit-orm", "explicit-prm", "oracle-prm"] = "prime"
     estimator: Literal["rloo", "grpo", "reinforce", "ppo", "prime-value"] = "rloo"
     rloo_variant: Literal["eq5", "reference"] = "eq5"
     grpo_scale_by_std: bool = True
@@ -745,9 +748,20 @@ def _check_combinations(cfg: Config) -> None:
         command = "train-orm" if a.reward_mode == "explicit-orm" else "train-prm"
         raise ConfigError(f"explicit.model_path: reward_mode={a.reward_mode} needs the directory "
                           f"of a trained reward model (primekit {command})")
-    if a.credit == "min" and a.reward_mode not in ("prime", "explicit-prm"):
+    if a.credit == "min" and a.reward_mode not in ("prime", "explicit-prm", "oracle-prm"):
         raise ConfigError(f"algorithm.credit: 'min' assigns credit over a process reward's steps "
-                          f"(reward_mode prime or explicit-prm), got reward_mode={a.reward_mode}")
+                          f"(reward_mode prime, explicit-prm or oracle-prm), got "
+                          f"reward_mode={a.reward_mode}")
+    if a.reward_mode == "oracle-prm" and (cfg.data.source != "arithmetic"
+                                          or cfg.data.task_family not in ("arithmetic", "chains")):
+        family = cfg.data.task_family if cfg.data.source == "arithmetic" else cfg.data.source
+        raise ConfigError(f"algorithm.reward_mode: 'oracle-prm' labels steps against the "
+                          f"reference solution, exact only on the procedural families arithmetic "
+                          f"and chains (data.source=arithmetic), got {family!r}")
+    if (a.reward_mode == "oracle-prm" and cfg.explicit.eta == "auto"
+            and cfg.explicit.transform in ("clip", "clip-delta")):
+        raise ConfigError("explicit.eta: 'auto' reads a trained PRM's held-out step "
+                          "probabilities; the oracle has none: give a number in (0, 1]")
     drop = cfg.filter.consistency_drop
     if drop and a.reward_mode == "outcome":
         raise ConfigError("filter.consistency_drop: consistency filtering compares the dense "

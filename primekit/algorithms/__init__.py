@@ -99,6 +99,7 @@ from primekit.algorithms.rollout_correction import (
 )
 from primekit.algorithms.segmentation import (
     compile_delimiter,
+    reference_prefix_labels,
     segment_batch,
     step_end_token_positions,
     step_spans,
@@ -176,6 +177,7 @@ __all__ = [
     "rloo_advantages",
     "step_reward_sums",
     "rloo_outcome_advantages",
+    "reference_prefix_labels",
     "segment_batch",
     "step_end_positions_from_mask",
     "step_end_token_positions",

@@ -24,6 +24,7 @@ import torch
 
 __all__ = [
     "compile_delimiter",
+    "reference_prefix_labels",
     "segment_batch",
     "step_end_token_positions",
     "step_spans",
@@ -149,3 +150,39 @@ def segment_batch(
         if r:
             positions[i, : len(r)] = torch.tensor(r)
     return positions, positions >= 0
+
+
+def reference_prefix_labels(
+    response_steps: list[list[str]], reference_steps: list[list[str]], width: int
+) -> torch.Tensor:
+    """Exact step labels against a reference solution: 1 while the response's steps are the
+    reference's, step for step, and 0 from the first step that differs on.
+
+    l[i, k] = 1 if response_steps[i][j] == reference_steps[i][j] for every j <= k, else 0
+    (0 beyond the reference's last step and beyond row i's own steps).
+    Where the reference solution is the only right one (the procedural arithmetic families: the
+    problem fixes every step), l[i, k] is the probability that the prefix ending at step k still
+    leads to a correct answer when completed without error: Gao et al.'s (arXiv 2410.15115, Sec.
+    3) Monte-Carlo step label with a completer that never errs, a step PRM that is never wrong.
+
+    Args:
+        response_steps: N lists of step strings (`steps(response, delimiter)`).
+        reference_steps: N lists of step strings of the reference solutions, cut the same way.
+        width: S >= every row's step count, the label tensor's width.
+    Returns:
+        labels [N, S] float32 in {0, 1}.
+
+    Example: reference ["3+4=7\\n", "7*2=14\\n", "A:14"], response ["3+4=7\\n", "7*2=15\\n",
+    "A:15"] -> [1, 0, 0]; the reference itself -> [1, 1, 1].
+    """
+    if len(response_steps) != len(reference_steps):
+        raise ValueError(f"{len(response_steps)} responses but {len(reference_steps)} references")
+    labels = torch.zeros(len(response_steps), width)  # [N, S]
+    for i, (got, want) in enumerate(zip(response_steps, reference_steps)):
+        if len(got) > width:
+            raise ValueError(f"row {i} has {len(got)} steps, more than width {width}")
+        for k, (a, b) in enumerate(zip(got, want)):
+            if a != b:
+                break
+            labels[i, k] = 1.0
+    return labels

@@ -16,6 +16,11 @@ Correct(q, s) times algorithm.outcome_coef (paper: 5).
   0 < eta <= 1. PR-Normed standardises over the steps of the whole batch.
   algorithm.credit=min then reweights the transformed step rewards by PURE's softmin
   (algorithms/credit.py, docs/algorithms.md section 7) before they are placed.
+- Oracle step PRM (reward_mode "oracle-prm", no model): the same step pipeline with r_process(q,
+  p^(k)) = 1 while the response's steps are the problem's reference solution's, step for step,
+  and 0 from its first differing step (`algorithms.reference_prefix_labels`): a step PRM that is
+  never wrong, on the procedural arithmetic families where the reference is the only right
+  solution. It measures what dense credit could do with a perfect PRM.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ from primekit import distributed as dist
 from primekit.algorithms.credit import assign_credit
 from primekit.algorithms.masked import masked_mean_std
 from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place_step_rewards
+from primekit.algorithms.segmentation import reference_prefix_labels, segment_batch, steps
+from primekit.data.problem import Problem
 from primekit.models.parallel import Placement, prepare_model
 from primekit.reward_models.heads import load_reward_model
 from primekit.reward_models.orm import last_token_index, orm_scores
 from primekit.reward_models.prm import prm_step_scores, resolve_eta
 from primekit.rollout.base import RolloutBatch
 
-__all__ = ["ExplicitRewarder", "orm_token_rewards", "transform_step_rewards"]
+__all__ = ["ExplicitRewarder", "oracle_step_scores", "orm_token_rewards", "transform_step_rewards"]
 
 
 def transform_step_rewards(
@@ -77,6 +84,39 @@ def orm_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
     return out
 
 
+def oracle_step_scores(
+    tokenizer, batch: RolloutBatch, problems: list[Problem], *, delimiter: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The oracle step PRM's r_process at every step: 1 while a response's steps are its
+    problem's reference solution's (`Problem.solution`), step for step, else 0.
+
+    Steps are cut at `delimiter` in the same decoded text `segment_batch` maps to tokens, so each
+    label sits on its step's last token. Returns (step_probs [N, S] in {0, 1}, 0 on padding;
+    step_end_positions [N, S]; step_mask [N, S]), as `prm_step_scores` does for a trained PRM.
+    """
+    if len(problems) != len(batch.responses):
+        raise ValueError(f"{len(problems)} problems for {len(batch.responses)} responses")
+    missing = [p.id for p in problems if not p.solution]
+    if missing:
+        raise ValueError(f"reward_mode=oracle-prm needs every problem's reference solution; "
+                         f"{missing[0]!r} has none")
+    positions, step_mask = segment_batch(tokenizer, batch.response_ids, batch.response_mask,
+                                         delimiter)  # [N, S] each
+    ids, mask = batch.response_ids.cpu(), batch.response_mask.bool().cpu()
+    got = []
+    for i in range(len(problems)):
+        # the text segment_batch cut (step_end_token_positions decodes it the same way)
+        text = tokenizer.decode(ids[i, mask[i]].tolist(), skip_special_tokens=True,
+                                clean_up_tokenization_spaces=False)
+        got.append(steps(text, delimiter))
+        if len(got[-1]) != int(step_mask[i].sum()):
+            raise RuntimeError(f"row {i}: {len(got[-1])} steps in its text, "
+                               f"{int(step_mask[i].sum())} mapped to tokens")
+    want = [steps(p.solution, delimiter) for p in problems]
+    probs = reference_prefix_labels(got, want, step_mask.shape[1]) * step_mask  # [N, S]
+    return probs, positions, step_mask
+
+
 def _warn_about_eta(path: str, eta: float) -> None:
     """A warning when Clip's threshold does not suit the PRM, from the held-out step
     probabilities `primekit train-prm` stored beside it (a local directory only)."""
@@ -92,23 +132,26 @@ def _warn_about_eta(path: str, eta: float) -> None:
 class ExplicitRewarder:
     """The frozen ORM or step-level PRM at cfg.explicit.model_path, by cfg.algorithm.reward_mode
     ("explicit-orm" | "explicit-prm"), placed by `placement` (FSDP2-sharded under torchrun, as
-    every other model of the loop; `primekit.factory` passes it).
+    every other model of the loop; `primekit.factory` passes it); or, for "oracle-prm", no model:
+    the step labels of `oracle_step_scores`.
 
-    token_rewards(batch) -> (dense rewards [N, T] on CPU, metrics): see the module docstring.
+    token_rewards(batch, problems) -> (dense rewards [N, T] on CPU, metrics): see the module
+    docstring.
     """
 
     def __init__(self, cfg, tokenizer, device: str | torch.device = "cpu",
                  placement: Placement | None = None):
         reward_mode = cfg.algorithm.reward_mode
-        if reward_mode not in ("explicit-orm", "explicit-prm"):
+        modes = {"explicit-orm": "orm", "explicit-prm": "prm", "oracle-prm": "oracle"}
+        if reward_mode not in modes:
             raise ValueError(
-                "algorithm.reward_mode: ExplicitRewarder needs 'explicit-orm' or 'explicit-prm', "
-                f"got {reward_mode!r}"
+                "algorithm.reward_mode: ExplicitRewarder needs one of "
+                f"{sorted(modes)}, got {reward_mode!r}"
             )
-        mode = reward_mode.removeprefix("explicit-")  # "orm" | "prm"
+        mode = modes[reward_mode]
         e = cfg.explicit
-        path = e.model_path
-        if path is None:
+        path = e.model_path if mode != "oracle" else None
+        if path is None and mode != "oracle":
             raise ValueError(
                 f"explicit.model_path: reward_mode={reward_mode} needs a trained reward model "
                 f"(primekit train-{mode})"
@@ -117,7 +160,10 @@ class ExplicitRewarder:
             raise ValueError(
                 f"explicit.transform: {e.transform!r} applies to a step-level PRM, not to an ORM"
             )
-        clips = mode == "prm" and e.transform in ("clip", "clip-delta")
+        clips = mode != "orm" and e.transform in ("clip", "clip-delta")
+        if clips and e.eta == "auto" and mode == "oracle":
+            raise ValueError("explicit.eta=auto reads a trained PRM's held-out step "
+                             "probabilities; the oracle has none: give a number in (0, 1]")
         eta = resolve_eta(e.eta, path) if clips else (0.0 if e.eta == "auto" else float(e.eta))
         if clips and e.eta == "auto" and dist.is_main():
             from primekit.logging import console
@@ -140,6 +186,9 @@ class ExplicitRewarder:
             raise ValueError(f"algorithm.credit: {self.credit!r} applies to a step-level PRM, "
                              "not to an ORM")
         self.micro_batch_size = cfg.policy.micro_batch_size
+        self.model = None
+        if mode == "oracle":
+            return
         # A frozen model like the reference: stored in the compute dtype and, under torchrun,
         # FSDP2-sharded (placement from primekit.factory); None: whole, in float32.
         self.model = load_reward_model(
@@ -154,7 +203,9 @@ class ExplicitRewarder:
             prepare_model(self.model, placement)
 
     @torch.no_grad()
-    def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def token_rewards(self, batch: RolloutBatch, problems: list[Problem] | None = None,
+                      ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Dense rewards [N, T] and metrics; `problems` (one per row) only for the oracle."""
         mask = batch.response_mask.cpu()
         kw = {"micro_batch_size": self.micro_batch_size, "device": self.device}
         # Metrics are over the responses and steps of every rank (sums all-reduced: every rank
@@ -165,9 +216,15 @@ class ExplicitRewarder:
                                         dist.all_reduce_sum)
             return orm_token_rewards(scores, mask), {
                 "explicit/orm_score_mean": float(mean), "explicit/orm_score_std": float(std)}
-        probs, positions, step_mask = prm_step_scores(
-            self.model, self.tokenizer, batch, delimiter=self.delimiter, **kw
-        )
+        if self.mode == "oracle":
+            if problems is None:
+                raise ValueError("the oracle step PRM needs the batch's problems")
+            probs, positions, step_mask = oracle_step_scores(
+                self.tokenizer, batch, problems, delimiter=self.delimiter)
+        else:
+            probs, positions, step_mask = prm_step_scores(
+                self.model, self.tokenizer, batch, delimiter=self.delimiter, **kw
+            )
         step_rewards = transform_step_rewards(
             probs, step_mask, self.transform, eta=self.eta, length_penalty=self.length_penalty
         )  # [N, S]
@@ -201,9 +258,10 @@ class ExplicitRewarder:
 
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                problems: list[Problem] | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
         t0 = time.perf_counter()
-        rewards, metrics = self.token_rewards(batch)
+        rewards, metrics = self.token_rewards(batch, problems)
         metrics["timing/explicit_rm"] = time.perf_counter() - t0
         return rewards, metrics
 

@@ -92,8 +92,10 @@ class ImplicitPRM:
 
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                problems: list | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-        """Update the PRM on this batch's outcomes (online) and return token rewards [N, T]."""
+        """Update the PRM on this batch's outcomes (online) and return token rewards [N, T].
+        `problems` is not read: the implicit PRM learns from the outcomes alone."""
         if ref_logprobs is None:
             raise ValueError("the implicit PRM needs the reference log-probs")
         mask = batch.response_mask.float()  # [N, T]

@@ -86,9 +86,11 @@ class TokenRewarder(Protocol):
 
     def rewards(self, batch: RolloutBatch, *, outcome_rewards: torch.Tensor,
                 group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                problems: list[Problem] | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         """Token rewards [N, T] (0 on padding) and metrics. A reward model trained online (the
-        implicit PRM) takes its update on this batch's outcomes inside this call."""
+        implicit PRM) takes its update on this batch's outcomes inside this call; `problems`
+        (one per row) for a rewarder that reads them (the oracle step PRM)."""
         ...
 
     def trainable(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:

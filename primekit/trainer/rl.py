@@ -246,7 +246,7 @@ class RLTrainer:
         if self.rewarder is not None:  # times itself: PRM update, forward and re-score
             exp.token_rewards, reward_metrics = self.rewarder.rewards(
                 exp.batch, outcome_rewards=exp.outcome_rewards, group_ids=exp.group_ids,
-                ref_logprobs=exp.ref_logprobs)
+                ref_logprobs=exp.ref_logprobs, problems=exp.problems)
             metrics.update(reward_metrics)
             if not self._finite("reward/token", exp.token_rewards, exp.response_mask):
                 return self._skipped(metrics, t_step)

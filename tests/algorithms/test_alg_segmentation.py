@@ -129,3 +129,24 @@ def test_segment_batch_padding_and_empty_rows(tok):
     assert step_mask.tolist() == [[True, True], [True, False], [False, False]]
     with pytest.raises(ValueError, match=r"\[N, T\]"):
         segment_batch(tok, response_ids, response_mask[:, :-1], "\n")
+
+
+def test_reference_prefix_labels_hand_computed():
+    from primekit.algorithms import reference_prefix_labels
+
+    ref = ["3+4=7\n", "7*2=14\n", "A:14"]
+    rows = [ref,                                   # the reference itself: 1, 1, 1
+            ["3+4=7\n", "7*2=15\n", "A:15"],       # wrong at step 2: 1, 0, 0
+            ["3+4=8\n", "8*2=16\n", "A:16"],       # wrong at step 1: all 0
+            ["3+4=7\n", "7*2=14\n", "A:14", "\n"],  # an extra step after the answer: 0 there
+            ["3+4=7\n"],                           # stopped early: 1, then padding
+            []]                                    # empty response
+    labels = reference_prefix_labels(rows, [ref] * len(rows), 4)
+    assert labels.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0],
+                               [1, 0, 0, 0], [0, 0, 0, 0]]
+    # a later step equal to the reference's does not count once an earlier one differed
+    assert reference_prefix_labels([["x\n", "7*2=14\n"]], [ref], 2).tolist() == [[0, 0]]
+    with pytest.raises(ValueError, match="width"):
+        reference_prefix_labels([ref], [ref], 2)
+    with pytest.raises(ValueError, match="references"):
+        reference_prefix_labels([ref], [], 3)

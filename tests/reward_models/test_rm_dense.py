@@ -128,8 +128,9 @@ def test_rewarder_rejects_bad_setups(rm_dir, batch):
         ExplicitRewarder(_cfg("prm", rm_dir, "explicit.transform=clip"), tok)
     cfg = _cfg("prm", rm_dir)
     cfg.algorithm.reward_mode = "prime"
-    with pytest.raises(ValueError, match="algorithm.reward_mode: ExplicitRewarder needs "
-                                         "'explicit-orm' or 'explicit-prm', got 'prime'"):
+    with pytest.raises(ValueError, match=r"algorithm.reward_mode: ExplicitRewarder needs one of "
+                                         r"\['explicit-orm', 'explicit-prm', 'oracle-prm'\], "
+                                         r"got 'prime'"):
         ExplicitRewarder(cfg, tok)
     cfg = _cfg("orm", rm_dir)
     cfg.explicit.model_path = None
@@ -161,3 +162,67 @@ def test_eta_auto_reads_the_prms_suggestion(rm_dir, batch, tmp_path):
     given, _ = ExplicitRewarder(_cfg("prm", prm, "explicit.transform=clip", "explicit.eta=0.5"),
                                 tok).token_rewards(b)
     assert torch.equal(rewards, given)
+
+
+def _problem(expression: str):
+    from primekit.data.arithmetic import demonstration
+    from primekit.data.problem import Problem
+
+    return Problem(id=expression, prompt=expression, task="arithmetic",
+                   solution=demonstration(expression))
+
+
+def test_oracle_step_scores_label_each_step_against_the_reference(batch):
+    from primekit.reward_models.dense import oracle_step_scores
+
+    tok, b = batch
+    # References: "3+4=7\n7*2=14\nA:14", "1+1=2\nA:2", "A:5" is not 4+1's "4+1=5\nA:5",
+    # "9-1=8\n8-1=7\n7-1=6\nA:6" is 9-1-1-2's reference only up to its third step "7-2=5\n".
+    problems = [_problem("3+4*2="), _problem("1+1="), _problem("4+1="), _problem("9-1-1-2=")]
+    probs, positions, step_mask = oracle_step_scores(tok, b, problems, delimiter="\n")
+    assert step_mask.sum(1).tolist() == [3, 2, 1, 4]
+    expected = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
+    assert torch.equal(probs, expected)
+    # positions are the step ends segment_batch finds: "3+4=7\n" ends on token 5 (character
+    # tokenizer), "7*2=14\n" on 12, "A:14" on 16
+    assert positions[0, :3].tolist() == [5, 12, 16]
+    with pytest.raises(ValueError, match="reference solution"):
+        oracle_step_scores(tok, b, problems[:3] + [problems[3].__class__(id="x", prompt="1=")],
+                           delimiter="\n")
+
+
+def test_oracle_rewarder_delta_credits_each_step_with_its_own_label(batch):
+    tok, b = batch
+    problems = [_problem("3+4*2="), _problem("1+1="), _problem("4+1="), _problem("9-1-1-2=")]
+    cfg = load_config(None, ["algorithm.reward_mode=oracle-prm", "explicit.transform=delta"])
+    rewarder = ExplicitRewarder(cfg, tok)
+    assert rewarder.model is None
+    rewards, metrics = rewarder.token_rewards(b, problems)
+    # Delta (Gao et al. Eq. 6) of labels [1, 1, 0, 0] (row 3), K = 4: r_0 - r_1 = 0, r_1 - r_2 = 1,
+    # r_2 = 0 kept at k = K-2, and the last step's dropped (the success reward covers it):
+    # [0, 1, 0, 0] on the ends of "9-1=8\n" (5), "8-1=7\n" (11), "7-1=6\n" (17) and "A:6" (20),
+    # so the return from any token of step k < K-1 is that step's own label.
+    assert rewards[3].nonzero().flatten().tolist() == [11]
+    assert rewards[3, 11] == 1.0
+    # row 0, labels [1, 1, 1]: [0, 1, 0], on the end of "7*2=14\n" (12); row 2 (K = 1): nothing
+    assert rewards[0].nonzero().flatten().tolist() == [12] and rewards[2].abs().sum() == 0
+    # 10 steps, 3 + 2 + 0 + 2 = 7 of them labelled 1; the dense returns (rows 0-3: 1, 1 (row 1's [1, 1] keeps
+    # r_0 at k = K-2), 0, 1) average 3 / 4
+    assert metrics["explicit/steps_mean"] == pytest.approx(10 / 4)
+    assert metrics["explicit/prm_prob_mean"] == pytest.approx(7 / 10)
+    assert metrics["explicit/dense_return_mean"] == pytest.approx(3 / 4)
+    with pytest.raises(ValueError, match="problems"):
+        rewarder.token_rewards(b)
+
+
+def test_oracle_reward_mode_checks(batch):
+    from primekit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="procedural families"):
+        load_config(None, ["algorithm.reward_mode=oracle-prm", "data.task_family=rgym:chain_sum"])
+    with pytest.raises(ConfigError, match="explicit.eta"):
+        load_config(None, ["algorithm.reward_mode=oracle-prm", "explicit.transform=clip",
+                           "explicit.eta=auto"])
+    # no model path needed, min-form credit allowed
+    cfg = load_config(None, ["algorithm.reward_mode=oracle-prm", "algorithm.credit=min"])
+    assert ExplicitRewarder(cfg, batch[0]).mode == "oracle"

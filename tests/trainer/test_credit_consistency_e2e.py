@@ -1,5 +1,5 @@
 """algorithm.credit=min and filter.consistency_drop end to end: one RL step on the tiny model for
-every estimator and both PRM kinds (implicit PRIME PRM, explicit step PRM)."""
+every estimator and every PRM kind (implicit PRIME PRM, explicit step PRM, oracle step PRM)."""
 
 from __future__ import annotations
 
@@ -37,14 +37,15 @@ def step_prm_dir(sft_model_dir, tmp_path_factory):
 
 KINDS = {"implicit": ("algorithm.reward_mode=prime",),
          "explicit": ("algorithm.reward_mode=explicit-prm", "explicit.transform=clip-delta",
-                      "explicit.eta=0.5")}
-# Every estimator with each PRM kind; two in the default suite, the rest marked slow (one RL step
-# takes tens of seconds on the shared 2-core machine).
-FAST = {("implicit", "rloo"), ("explicit", "ppo")}
+                      "explicit.eta=0.5"),
+         "oracle": ("algorithm.reward_mode=oracle-prm", "explicit.transform=delta")}
+# Every estimator with each PRM kind; three in the default suite, the rest marked slow (one RL
+# step takes tens of seconds on the shared 2-core machine).
+FAST = {("implicit", "rloo"), ("explicit", "ppo"), ("oracle", "rloo")}
 CASES = [pytest.param(kind, est, id=f"{kind}-{est}",
                       marks=() if (kind, est) in FAST else pytest.mark.slow)
          for kind in KINDS for est in ("rloo", "grpo", "reinforce", "ppo", "prime-value")
-         if not (kind == "explicit" and est == "prime-value")]
+         if not (kind != "implicit" and est == "prime-value")]
 
 
 @pytest.mark.parametrize(("kind", "estimator"), CASES)

@@ -103,7 +103,7 @@ def test_rewarder_and_verifier_are_injected(rl_config):
         reference_chunks = None
         calls = 0
 
-        def rewards(self, batch, *, outcome_rewards, group_ids, ref_logprobs):
+        def rewards(self, batch, *, outcome_rewards, group_ids, ref_logprobs, problems=None):
             EvenRowsRewarder.calls += 1
             assert ref_logprobs is not None  # the old log-probs stand in without a reference
             even = (torch.arange(len(outcome_rewards)) % 2 == 0).float()[:, None]  # [N, 1]
