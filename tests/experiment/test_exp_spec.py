@@ -242,6 +242,33 @@ def test_gao_clip_delta_eta_trains_only_its_clip_arms():
             assert cfg.explicit.eta == {"arithmetic": 0.80, "chains": 0.48}[r.task]
 
 
+def test_oracle_credit_trains_only_its_oracle_arm():
+    # oracle-credit's prime and rloo arms are demo-prime-vs-rloo's runs (the same config per task
+    # and seed, found as shared or restored from records); its oracle arm differs from the rloo
+    # arm in the dense reward alone.
+    import json
+
+    from primekit.experiment.records import same_run
+
+    spec, source = load_spec("oracle-credit"), load_spec("demo-prime-vs-rloo")
+    assert spec.seeds == source.seeds and spec.tasks == source.tasks
+    base = {r.run_id: r for r in source.runs(Path("exp/demo-prime-vs-rloo"))}
+    for r in spec.runs(Path("exp/oracle-credit")):
+        cfg = r.config(spec)
+        if r.arm == "oracle":
+            assert r.run_id not in base
+            rloo = base[r.run_id.replace("--oracle--", "--rloo--")].config(source).to_dict()
+            mine = cfg.to_dict()
+            changed = {(section, key) for section in mine for key in mine[section]
+                       if mine[section][key] != rloo[section][key]}
+            assert changed == {("algorithm", "reward_mode"), ("explicit", "transform"),
+                               ("train", "run_dir")}, r.run_id
+            assert (cfg.algorithm.reward_mode, cfg.explicit.transform) == ("oracle-prm", "delta")
+        else:
+            saved = json.loads(json.dumps(base[r.run_id].config(source).to_dict()))
+            assert same_run(saved, cfg), r.run_id
+
+
 def test_packed_layout_trains_both_arms_itself():
     # packed-layout compares how passes are executed: its arms' layout fields are part of the run
     # (Spec.strict), and `share: false` keeps prime-vs-rloo's padded PRIME runs (same config,
