@@ -39,7 +39,7 @@ def test_yaml_then_overrides(tmp_path):
                             "fractional part, got 2.5"),
         ("prm.loss=hinge", "prm.loss: Input should be 'ce' or 'dpo', got 'hinge'"),
         ("algorithm.reward_mode=prm", "algorithm.reward_mode: Input should be 'prime', 'outcome', "
-                                      "'explicit-orm' or 'explicit-prm', got 'prm'"),
+                                      "'explicit-orm', 'explicit-prm' or 'oracle-prm', got 'prm'"),
         ("train.report_to=[tensorboard, mlflow]", "train.report_to.1: Input should be "
                                                   "'tensorboard' or 'wandb', got 'mlflow'"),
         ("filter.lo=0.9", "filter.lo/filter.hi: need lo <= hi, got lo=0.9 hi=0.8"),
