@@ -176,10 +176,11 @@ class AlgorithmConfig:
     # Where the dense reward comes from. "prime": the implicit PRM (prm section); "outcome": none,
     # the verifier's outcome only; "explicit-orm" / "explicit-prm": a frozen outcome or step-level
     # reward model trained by `primekit train-orm` / `train-prm` (Gao et al. 2024; explicit
-    # section); "oracle-prm": a step PRM that is never wrong, 1 while the response's steps are
-    # the reference solution's and 0 from the first that differs (the procedural arithmetic
-    # families only, where the reference is the only right solution; explicit section's
-    # transform, eta and delimiter), the bound on what dense credit can add.
+    # section); "oracle-prm": exact step labels against the reference solution, 1 while the
+    # response's steps are the reference's and 0 from the first that differs (the procedural
+    # arithmetic families only; explicit section's transform, eta and delimiter): a step PRM
+    # that knows the reference procedure, stricter than correctness where a shortcut (skipping
+    # a "*1" step) also reaches the answer (docs/explicit_rewards.md).
     reward_mode: Literal["prime", "outcome", "explicit-orm", "explicit-prm", "oracle-prm"] = "prime"
     estimator: Literal["rloo", "grpo", "reinforce", "ppo", "prime-value"] = "rloo"
     rloo_variant: Literal["eq5", "reference"] = "eq5"

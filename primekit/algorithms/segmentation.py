@@ -160,10 +160,12 @@ def reference_prefix_labels(
 
     l[i, k] = 1 if response_steps[i][j] == reference_steps[i][j] for every j <= k, else 0
     (0 beyond the reference's last step and beyond row i's own steps).
-    Where the reference solution is the only right one (the procedural arithmetic families: the
-    problem fixes every step), l[i, k] is the probability that the prefix ending at step k still
-    leads to a correct answer when completed without error: Gao et al.'s (arXiv 2410.15115, Sec.
-    3) Monte-Carlo step label with a completer that never errs, a step PRM that is never wrong.
+    Where the reference solution is the only right one, l[i, k] is the probability that the
+    prefix ending at step k still leads to a correct answer when completed without error: Gao et
+    al.'s (arXiv 2410.15115, Sec. 3) Monte-Carlo step label with a completer that never errs.
+    Where another solution also reaches the answer (on the arithmetic families, one that skips
+    a "*1" step), l labels it 0 from where it leaves the reference: it is exact about the
+    reference procedure, stricter than correctness.
 
     Args:
         response_steps: N lists of step strings (`steps(response, delimiter)`).

@@ -18,9 +18,10 @@ Correct(q, s) times algorithm.outcome_coef (paper: 5).
   (algorithms/credit.py, docs/algorithms.md section 7) before they are placed.
 - Oracle step PRM (reward_mode "oracle-prm", no model): the same step pipeline with r_process(q,
   p^(k)) = 1 while the response's steps are the problem's reference solution's, step for step,
-  and 0 from its first differing step (`algorithms.reference_prefix_labels`): a step PRM that is
-  never wrong, on the procedural arithmetic families where the reference is the only right
-  solution. It measures what dense credit could do with a perfect PRM.
+  and 0 from its first differing step (`algorithms.reference_prefix_labels`): exact labels of
+  the reference procedure, on the procedural arithmetic families. A shortcut that still reaches
+  the answer (skipping a "*1" step) is labelled wrong from the skip on, so on chains it is
+  stricter than correctness (docs/explicit_rewards.md gives the shares).
 """
 
 from __future__ import annotations
