@@ -146,6 +146,10 @@ def test_reference_prefix_labels_hand_computed():
                                [1, 0, 0, 0], [0, 0, 0, 0]]
     # a later step equal to the reference's does not count once an earlier one differed
     assert reference_prefix_labels([["x\n", "7*2=14\n"]], [ref], 2).tolist() == [[0, 0]]
+    # exact about the reference, not about correctness: 3*1+4 solved without its "*1" step
+    # reaches the right answer and is labelled 0 from the skip on
+    one = ["3*1=3\n", "3+4=7\n", "A:7"]
+    assert reference_prefix_labels([["3+4=7\n", "A:7"]], [one], 2).tolist() == [[0, 0]]
     with pytest.raises(ValueError, match="width"):
         reference_prefix_labels([ref], [ref], 2)
     with pytest.raises(ValueError, match="references"):

@@ -177,7 +177,8 @@ def test_oracle_step_scores_label_each_step_against_the_reference(batch):
 
     tok, b = batch
     # References: "3+4=7\n7*2=14\nA:14", "1+1=2\nA:2", "A:5" is not 4+1's "4+1=5\nA:5",
-    # "9-1=8\n8-1=7\n7-1=6\nA:6" is 9-1-1-2's reference only up to its third step "7-2=5\n".
+    # "9-1=8\n8-1=7\n7-1=6\nA:6" follows 9-1-1-2's reference for two steps, then writes
+    # "7-1=6\n" where it has "7-2=5\n".
     problems = [_problem("3+4*2="), _problem("1+1="), _problem("4+1="), _problem("9-1-1-2=")]
     probs, positions, step_mask = oracle_step_scores(tok, b, problems, delimiter="\n")
     assert step_mask.sum(1).tolist() == [3, 2, 1, 4]
@@ -206,8 +207,8 @@ def test_oracle_rewarder_delta_credits_each_step_with_its_own_label(batch):
     assert rewards[3, 11] == 1.0
     # row 0, labels [1, 1, 1]: [0, 1, 0], on the end of "7*2=14\n" (12); row 2 (K = 1): nothing
     assert rewards[0].nonzero().flatten().tolist() == [12] and rewards[2].abs().sum() == 0
-    # 10 steps, 3 + 2 + 0 + 2 = 7 of them labelled 1; the dense returns (rows 0-3: 1, 1 (row 1's [1, 1] keeps
-    # r_0 at k = K-2), 0, 1) average 3 / 4
+    # 10 steps, 3 + 2 + 0 + 2 = 7 of them labelled 1; the dense returns (rows 0-3: 1, 1 (row 1's
+    # [1, 1] keeps r_0 at k = K-2), 0, 1) average 3 / 4
     assert metrics["explicit/steps_mean"] == pytest.approx(10 / 4)
     assert metrics["explicit/prm_prob_mean"] == pytest.approx(7 / 10)
     assert metrics["explicit/dense_return_mean"] == pytest.approx(3 / 4)
