@@ -26,6 +26,7 @@ __all__ = [
     "compile_delimiter",
     "reference_prefix_labels",
     "segment_batch",
+    "segment_batch_texts",
     "step_end_token_positions",
     "step_spans",
     "steps",
@@ -109,14 +110,21 @@ def step_end_token_positions(tokenizer, token_ids: list[int], delimiter: str) ->
     `token_ids` are the valid response tokens only (EOS may be among them; padding may not).
     Example with a character tokenizer: "3+4=7\\nA:7" + <eos> -> steps "3+4=7\\n", "A:7" -> [5, 8].
     """
+    return _step_ends_and_texts(tokenizer, token_ids, delimiter)[0]
+
+
+def _step_ends_and_texts(tokenizer, token_ids: list[int], delimiter: str,
+                         ) -> tuple[list[int], list[str]]:
+    """(`step_end_token_positions`, the step strings) of decode(token_ids), from one decode."""
     text = tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     spans = step_spans(text, delimiter)
+    texts = [text[a:b] for a, b in spans]
     if not spans:
-        return []
+        return [], texts
     ends = token_char_ends(tokenizer, token_ids)
     if ends is not None:
-        return [bisect_left(ends, b) for _, b in spans]
-    return [_first_token_covering(tokenizer, token_ids, text, b) for _, b in spans]
+        return [bisect_left(ends, b) for _, b in spans], texts
+    return [_first_token_covering(tokenizer, token_ids, text, b) for _, b in spans], texts
 
 
 def segment_batch(
@@ -132,6 +140,16 @@ def segment_batch(
         (step_end_positions [N, S] long, -1 padded, ascending; step_mask [N, S] bool), S >= 1
         (a batch with no steps at all gets one all-padding column so shapes stay non-empty).
     """
+    positions, step_mask, _ = segment_batch_texts(tokenizer, response_ids, response_mask,
+                                                  delimiter)
+    return positions, step_mask
+
+
+def segment_batch_texts(
+    tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor, delimiter: str
+) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
+    """`segment_batch` plus each row's step strings (`steps` of its decoded text), the ones its
+    positions end: (step_end_positions [N, S], step_mask [N, S], N lists of step strings)."""
     if response_ids.dim() != 2 or response_mask.shape != response_ids.shape:
         raise ValueError(
             f"response_ids {tuple(response_ids.shape)} and response_mask "
@@ -139,17 +157,18 @@ def segment_batch(
         )
     mask = response_mask.bool().cpu()
     ids = response_ids.cpu()
-    rows = []
+    rows, texts = [], []
     for i in range(ids.shape[0]):
         cols = mask[i].nonzero().flatten()  # valid columns; a prefix under right padding
-        ends = step_end_token_positions(tokenizer, ids[i, cols].tolist(), delimiter)
+        ends, row_texts = _step_ends_and_texts(tokenizer, ids[i, cols].tolist(), delimiter)
         rows.append(cols[ends].tolist() if ends else [])
+        texts.append(row_texts)
     s = max([len(r) for r in rows] + [1])
     positions = torch.full((ids.shape[0], s), -1, dtype=torch.long)  # [N, S]
     for i, r in enumerate(rows):
         if r:
             positions[i, : len(r)] = torch.tensor(r)
-    return positions, positions >= 0
+    return positions, positions >= 0, texts
 
 
 def reference_prefix_labels(

@@ -34,7 +34,7 @@ from primekit import distributed as dist
 from primekit.algorithms.credit import assign_credit
 from primekit.algorithms.masked import masked_mean_std
 from primekit.algorithms.process_rewards import PROCESS_REWARD_TRANSFORMS, place_step_rewards
-from primekit.algorithms.segmentation import reference_prefix_labels, segment_batch, steps
+from primekit.algorithms.segmentation import reference_prefix_labels, segment_batch_texts, steps
 from primekit.data.problem import Problem
 from primekit.models.parallel import Placement, prepare_model
 from primekit.reward_models.heads import load_reward_model
@@ -91,8 +91,8 @@ def oracle_step_scores(
     """The oracle step PRM's r_process at every step: 1 while a response's steps are its
     problem's reference solution's (`Problem.solution`), step for step, else 0.
 
-    Steps are cut at `delimiter` in the same decoded text `segment_batch` maps to tokens, so each
-    label sits on its step's last token. Returns (step_probs [N, S] in {0, 1}, 0 on padding;
+    Steps are cut at `delimiter` in the decoded text whose steps `segment_batch_texts` maps to
+    tokens, so each label sits on its step's last token. Returns (step_probs [N, S] in {0, 1}, 0 on padding;
     step_end_positions [N, S]; step_mask [N, S]), as `prm_step_scores` does for a trained PRM.
     """
     if len(problems) != len(batch.responses):
@@ -101,18 +101,8 @@ def oracle_step_scores(
     if missing:
         raise ValueError(f"reward_mode=oracle-prm needs every problem's reference solution; "
                          f"{missing[0]!r} has none")
-    positions, step_mask = segment_batch(tokenizer, batch.response_ids, batch.response_mask,
-                                         delimiter)  # [N, S] each
-    ids, mask = batch.response_ids.cpu(), batch.response_mask.bool().cpu()
-    got = []
-    for i in range(len(problems)):
-        # the text segment_batch cut (step_end_token_positions decodes it the same way)
-        text = tokenizer.decode(ids[i, mask[i]].tolist(), skip_special_tokens=True,
-                                clean_up_tokenization_spaces=False)
-        got.append(steps(text, delimiter))
-        if len(got[-1]) != int(step_mask[i].sum()):
-            raise RuntimeError(f"row {i}: {len(got[-1])} steps in its text, "
-                               f"{int(step_mask[i].sum())} mapped to tokens")
+    positions, step_mask, got = segment_batch_texts(
+        tokenizer, batch.response_ids, batch.response_mask, delimiter)  # [N, S], [N, S], N lists
     want = [steps(p.solution, delimiter) for p in problems]
     probs = reference_prefix_labels(got, want, step_mask.shape[1]) * step_mask  # [N, S]
     return probs, positions, step_mask
@@ -151,8 +141,8 @@ class ExplicitRewarder:
             )
         mode = modes[reward_mode]
         e = cfg.explicit
-        path = e.model_path if mode != "oracle" else None
-        if path is None and mode != "oracle":
+        path = None if mode == "oracle" else e.model_path
+        if mode != "oracle" and path is None:
             raise ValueError(
                 f"explicit.model_path: reward_mode={reward_mode} needs a trained reward model "
                 f"(primekit train-{mode})"
