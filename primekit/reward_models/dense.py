@@ -92,8 +92,9 @@ def oracle_step_scores(
     problem's reference solution's (`Problem.solution`), step for step, else 0.
 
     Steps are cut at `delimiter` in the decoded text whose steps `segment_batch_texts` maps to
-    tokens, so each label sits on its step's last token. Returns (step_probs [N, S] in {0, 1}, 0 on padding;
-    step_end_positions [N, S]; step_mask [N, S]), as `prm_step_scores` does for a trained PRM.
+    tokens, so each label sits on its step's last token. Returns (step_probs [N, S] in {0, 1},
+    0 on padding; step_end_positions [N, S]; step_mask [N, S]), as `prm_step_scores` does for a
+    trained PRM.
     """
     if len(problems) != len(batch.responses):
         raise ValueError(f"{len(problems)} problems for {len(batch.responses)} responses")
