@@ -21,6 +21,7 @@ from primekit.data.problem import Problem
 from primekit.rollout.base import RolloutBatch, concat_batches
 from primekit.trainer.experience import Experience
 from primekit.verifiers import Verdict, verdict_stats
+from primekit.verifiers.arithmetic import trace_error_counts
 from primekit.verifiers.mixed import mean_by_task
 
 # One round: K samples of each of n fresh prompts and their verdicts, rows [n*K].
@@ -119,6 +120,7 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
     surplus: list[Group] = aged[need:]  # still carried (older first), then this step's surplus
     sampled_scores, all_verdicts = [], []
     groups_seen = groups_passed = rounds = sampled_tokens = 0
+    traced = [0, 0]  # correct arithmetic-format responses, of them with a wrong step
     while len(kept) < need and rounds < filt.max_rounds:
         rounds += 1
         missing = need - len(kept)
@@ -131,6 +133,8 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
         scores = torch.tensor([v.score for v in verdicts])  # [n*K]
         sampled_scores.append(scores)
         all_verdicts += verdicts
+        traced = [a + b for a, b in zip(traced, trace_error_counts(batch.responses, problems,
+                                                                   verdicts))]
         groups_seen += len(scores) // K
         keep = torch.ones(len(scores), dtype=torch.bool)  # [n*K]
         if filt.enabled:
@@ -170,6 +174,7 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
                "filter/carried_in": carried_all, "filter/carried_out": out_all,
                "filter/carry_dropped": dropped_all, "filter/sampled_tokens": sampled_all,
                "filter/batch_tokens": trained_all}
+    metrics.update(_global_trace_error(*traced))
     metrics["filter/groups_kept"] = groups_kept
     metrics["train/skipped"] = float(groups_kept == 0)
     if groups_kept == 0:
@@ -229,6 +234,15 @@ def _global_collect_metrics(scores: torch.Tensor, verdicts: list[Verdict], group
            "filter/rounds": float(dist.all_reduce_max(torch.tensor(float(rounds))))}
     out.update({k: v / n_all if n_all else 0.0 for k, v in zip(rates, rate_sums)})
     return out
+
+
+def _global_trace_error(correct: int, wrong: int) -> dict[str, float]:
+    """verify/trace_error over every rank's rollouts of the step: the share of the correct
+    responses to arithmetic-format problems that have a wrong step (`trace_error_counts`); {}
+    (the key absent) when no rank has such a correct response this step."""
+    correct, wrong = dist.all_reduce_sum(torch.tensor([correct, wrong],
+                                                      dtype=torch.float64)).tolist()
+    return {"verify/trace_error": wrong / correct} if correct else {}
 
 
 def _global_mean_by_task(problems: list[Problem], scores: torch.Tensor) -> dict[str, float]:

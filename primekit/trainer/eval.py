@@ -10,6 +10,7 @@ import torch
 from primekit import distributed as dist
 from primekit.data.problem import Problem
 from primekit.rollout.base import SamplingParams
+from primekit.verifiers.arithmetic import trace_error_counts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -41,17 +42,22 @@ def evaluate(
     torchrun over the problems of every rank (each rank passes its shard; a collective).
 
     Metric keys: eval/pass@1_greedy, eval/avg@k, eval/pass@k, eval/response_len,
-    eval/error_rate (verifier errors + timeouts), eval/wall_s.
+    eval/error_rate (verifier errors + timeouts), eval/wall_s, and eval/trace_error_greedy (the
+    share of greedy-correct responses to arithmetic-format problems with a wrong step; present
+    when there is one such response).
     """
     start = time.perf_counter()
     metrics: dict[str, float] = {}
     greedy_scores, lengths, broken = [], [], 0
+    traced_correct = traced_wrong = 0
     for lo in range(0, len(problems), batch_prompts):
         chunk = slice(lo, lo + batch_prompts)
         batch = engine.generate(prompt_ids[chunk], SamplingParams(temperature=0.0,
                                 max_new_tokens=max_new_tokens), generator)
         verdicts = verifier.verify_batch(batch.responses, problems[chunk])
         greedy_scores += [v.score for v in verdicts]
+        correct, wrong = trace_error_counts(batch.responses, problems[chunk], verdicts)
+        traced_correct, traced_wrong = traced_correct + correct, traced_wrong + wrong
         broken += sum(v.status in ("error", "timeout") for v in verdicts)
         lengths += batch.response_mask.sum(1).tolist()
     total = len(problems)
@@ -77,8 +83,10 @@ def evaluate(
     sums = dist.all_reduce_sum(torch.tensor([
         sum(greedy_scores), len(greedy_scores), sum(lengths), sum(sampled_scores),
         len(sampled_scores), sum(pass_at_k(k, c, k) for c in per_problem_correct),
-        len(per_problem_correct), broken, total], dtype=torch.float64)).tolist()
-    greedy, n_greedy, length, sampled, n_sampled, passed, n_passed, broken, total = sums
+        len(per_problem_correct), broken, total, traced_correct, traced_wrong],
+        dtype=torch.float64)).tolist()
+    (greedy, n_greedy, length, sampled, n_sampled, passed, n_passed, broken, total,
+     traced_correct, traced_wrong) = sums
     # pass@1 counts a partial code score as its fraction, as the paper's code reward does.
     metrics["eval/pass@1_greedy"] = greedy / n_greedy
     metrics["eval/response_len"] = length / n_greedy
@@ -86,6 +94,8 @@ def evaluate(
         metrics[f"eval/avg@{k}"] = sampled / n_sampled
         metrics[f"eval/pass@{k}"] = passed / n_passed
     metrics["eval/error_rate"] = broken / total
+    if traced_correct:
+        metrics["eval/trace_error_greedy"] = traced_wrong / traced_correct
     metrics["eval/wall_s"] = time.perf_counter() - start
     return metrics
 
