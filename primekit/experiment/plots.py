@@ -21,6 +21,8 @@ CURVES = (
     ("prm_abs", "prm/acc_abs", "PRM absolute accuracy"),
     ("prm_loss", "prm/loss", "PRM loss (nats)"),
     ("response_len", "response/len_mean", "response length (tokens)"),
+    ("trace_error", "verify/trace_error", "trace error (right answers, a wrong step)"),
+    ("eval_trace_error", "eval/trace_error_greedy", "held-out greedy trace error"),
     ("hack_repeated_steps", "hack/repeated_step_share", "repeated-step share"),
     ("hack_steps", "hack/steps_per_response", "steps per response"),
     ("hack_step_len", "hack/step_len_chars", "step length (characters)"),
