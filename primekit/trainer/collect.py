@@ -120,7 +120,7 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
     surplus: list[Group] = aged[need:]  # still carried (older first), then this step's surplus
     sampled_scores, all_verdicts = [], []
     groups_seen = groups_passed = rounds = sampled_tokens = 0
-    traced = [0, 0]  # correct arithmetic-format responses, of them with a wrong step
+    traced_correct = traced_wrong = 0  # correct arithmetic-format responses; with a wrong step
     while len(kept) < need and rounds < filt.max_rounds:
         rounds += 1
         missing = need - len(kept)
@@ -133,8 +133,8 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
         scores = torch.tensor([v.score for v in verdicts])  # [n*K]
         sampled_scores.append(scores)
         all_verdicts += verdicts
-        traced = [a + b for a, b in zip(traced, trace_error_counts(batch.responses, problems,
-                                                                   verdicts))]
+        correct, wrong = trace_error_counts(batch.responses, problems, verdicts)
+        traced_correct, traced_wrong = traced_correct + correct, traced_wrong + wrong
         groups_seen += len(scores) // K
         keep = torch.ones(len(scores), dtype=torch.bool)  # [n*K]
         if filt.enabled:
@@ -170,11 +170,11 @@ def collect_groups(rollout_round: Round, *, need: int, group_size: int, filt: Fi
     metrics = {"sampled_tokens": sampled_tokens,
                **_global_collect_metrics(torch.cat(sampled_scores) if sampled_scores
                                          else torch.zeros(0), all_verdicts, groups_passed,
-                                         groups_seen, rounds, need * K),
+                                         groups_seen, rounds, need * K,
+                                         (traced_correct, traced_wrong)),
                "filter/carried_in": carried_all, "filter/carried_out": out_all,
                "filter/carry_dropped": dropped_all, "filter/sampled_tokens": sampled_all,
                "filter/batch_tokens": trained_all}
-    metrics.update(_global_trace_error(*traced))
     metrics["filter/groups_kept"] = groups_kept
     metrics["train/skipped"] = float(groups_kept == 0)
     if groups_kept == 0:
@@ -209,40 +209,36 @@ def consistency_select(exp: Experience, drop: int) -> tuple[Experience, dict[str
 
 
 def _global_collect_metrics(scores: torch.Tensor, verdicts: list[Verdict], groups_kept: int,
-                            groups_seen: int, rounds: int, fixed: int) -> dict[str, float]:
+                            groups_seen: int, rounds: int, fixed: int,
+                            traced: tuple[int, int]) -> dict[str, float]:
     """The collect phase's reward/, filter/ and verify/ metrics over the rollouts of every rank
     (sums and counts all-reduced, rounds the most any rank needed), as one process with all the
     rollouts would report them; at world size 1 the local values.
 
     `fixed` (the batch's rows on this rank): reward/outcome_mean_fixed is the mean over the first
     `fixed` samples of the step, the same number whatever the filter does, so that its noise can
-    be compared between runs that sample different amounts; NaN when a rank sampled fewer."""
+    be compared between runs that sample different amounts; NaN when a rank sampled fewer.
+    `traced` (correct responses to arithmetic-format problems, of them with a wrong step:
+    `trace_error_counts`) gives verify/trace_error, absent when no rank has such a response."""
     stats = verdict_stats(verdicts)
     rates = sorted(k for k in stats if k != "verify/retries")  # shares of the verdicts
     n = float(len(verdicts))
     head = scores[:fixed]  # [fixed] the step's first samples, in the order sampled
     packed = torch.tensor([float(len(scores)), float(scores.sum()), float(groups_kept),
                            float(groups_seen), stats["verify/retries"], float(head.sum()),
-                           float(len(head) < fixed)]
+                           float(len(head) < fixed), float(traced[0]), float(traced[1])]
                           + [stats[k] * n for k in rates] + [n], dtype=torch.float64)
-    (count, total, kept, seen, retries, head_total, short, *rate_sums,
-     n_all) = dist.all_reduce_sum(packed).tolist()
+    (count, total, kept, seen, retries, head_total, short, traced_correct, traced_wrong,
+     *rate_sums, n_all) = dist.all_reduce_sum(packed).tolist()
     out = {"reward/outcome_mean_sampled": total / count if count else float("nan"),
            "reward/outcome_mean_fixed": (head_total / (fixed * dist.world_size())
                                          if not short and fixed else float("nan")),
            "filter/keep_rate": kept / max(seen, 1.0), "verify/retries": retries,
            "filter/rounds": float(dist.all_reduce_max(torch.tensor(float(rounds))))}
     out.update({k: v / n_all if n_all else 0.0 for k, v in zip(rates, rate_sums)})
+    if traced_correct:
+        out["verify/trace_error"] = traced_wrong / traced_correct
     return out
-
-
-def _global_trace_error(correct: int, wrong: int) -> dict[str, float]:
-    """verify/trace_error over every rank's rollouts of the step: the share of the correct
-    responses to arithmetic-format problems that have a wrong step (`trace_error_counts`); {}
-    (the key absent) when no rank has such a correct response this step."""
-    correct, wrong = dist.all_reduce_sum(torch.tensor([correct, wrong],
-                                                      dtype=torch.float64)).tolist()
-    return {"verify/trace_error": wrong / correct} if correct else {}
 
 
 def _global_mean_by_task(problems: list[Problem], scores: torch.Tensor) -> dict[str, float]:
