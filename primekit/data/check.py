@@ -159,7 +159,8 @@ def run_check(path: str, *, task: str | None = None) -> int:
     report = check_file(path, task=task)
     print("\n".join(report.lines()))
     if report.first_bad:
-        more = f" ({report.bad - 1} more bad rows)" if report.bad > 1 else ""
+        more = (f" ({report.bad - 1} more bad row{'s' if report.bad > 2 else ''})"
+                if report.bad > 1 else "")
         print(f"primekit: error: first bad row: {report.first_bad}{more}", file=sys.stderr)
     elif report.rows == 0:
         print(f"primekit: error: {path} has no rows", file=sys.stderr)

@@ -6,7 +6,10 @@ Row schema (one JSON object per line, or one parquet row):
     tests     list of str, or dict (see Problem.tests)                     }
     id        str or int, optional (default "<file stem>-<row number>"), unique in the file
     solution  str, optional
-    task      str, optional (default: the `task` argument, else "code" with tests, "math" without)
+    task      str, optional (default: the `task` argument, else "code" with tests, "math" without):
+              "math", "arithmetic" (an integer answer) or "rgym" (plus field "rgym_dataset") are
+              graded against `answer`, "code" by running `tests`; a row its task's verifier
+              cannot grade is an error, not a row that would score an error on every response
 Other fields are kept in Problem.meta, plus meta["location"] = "<file name> line <n>" (parquet:
 "row <n>") unless the row has its own "location" field.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,10 @@ from primekit.data.problem import Problem
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 KNOWN_FIELDS = {"prompt", "answer", "tests", "id", "solution", "task"}
+# The tasks a file row may name, each with the field its verifier grades against
+# (primekit/verifiers: VERIFIERS, less "mixed", which is a run's choice, not a row's).
+FILE_TASKS = {"math": "answer", "arithmetic": "answer", "rgym": "answer", "code": "tests"}
+_INTEGER = re.compile(r"[+-]?\d+")
 
 
 class DatasetError(ValueError):
@@ -157,15 +165,43 @@ def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> 
         row_id = str(row_id)
     elif not isinstance(row_id, str):
         raise DatasetError(f"{where}: field 'id' must be a string or int, got {_type_name(row_id)}")
+    row_task = row.get("task") or task or ("code" if tests is not None else "math")
+    _check_gradable(row_task, answer, tests, row, where,
+                    "the row's" if row.get("task") else "the default")
     return Problem(
         id=row_id,
         prompt=prompt,
-        task=row.get("task") or task or ("code" if tests is not None else "math"),
+        task=row_task,
         answer=answer,
         tests=tests,
         solution=row.get("solution"),
         meta={"location": where, **{k: v for k, v in row.items() if k not in KNOWN_FIELDS}},
     )
+
+
+def _check_gradable(task: str, answer: str | None, tests: Any, row: dict, where: str,
+                    whose: str) -> None:
+    """Raise DatasetError unless the verifier of `task` can grade the row: a row no verifier can
+    grade would score an error on every response and train on nothing (a run that exits 0)."""
+    if task not in FILE_TASKS:
+        raise DatasetError(f"{where}: {whose} task {task!r} has no verifier; a row's task must be "
+                           f"one of {sorted(FILE_TASKS)}")
+    needs = FILE_TASKS[task]
+    if needs == "tests" and tests is None:
+        raise DatasetError(f"{where}: {whose} task {task!r} is graded by running field 'tests', "
+                           "which the row does not have")
+    if needs == "answer":
+        if answer is None:
+            raise DatasetError(f"{where}: {whose} task {task!r} is graded against field "
+                               "'answer', which the row does not have")
+        if not answer.strip():
+            raise DatasetError(f"{where}: field 'answer' is empty: nothing to grade against")
+    if task == "arithmetic" and not _INTEGER.fullmatch(answer.strip()):
+        raise DatasetError(f"{where}: task 'arithmetic' is graded by exact integer match; field "
+                           f"'answer' must be an integer, got {answer!r}")
+    if task == "rgym" and not row.get("rgym_dataset"):
+        raise DatasetError(f"{where}: task 'rgym' needs field 'rgym_dataset' (the reasoning-gym "
+                           "dataset whose scorer grades the row)")
 
 
 def _read_jsonl(path: Path):

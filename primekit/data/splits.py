@@ -21,11 +21,11 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
         except ValueError as err:
             raise ConfigError(f"data.num_eval: {err}") from None
         return train, heldout
-    from primekit.data.files import load_problems, split_problems
+    from primekit.data.files import split_problems
 
-    train = load_problems(d.train_path, task=d.task)
+    train = _load_file(cfg, "data.train_path")
     if d.eval_path:
-        heldout = load_problems(d.eval_path, task=d.task)
+        heldout = _load_file(cfg, "data.eval_path")
         train_prompts = {p.prompt for p in train}
         overlap = sum(p.prompt in train_prompts for p in heldout)
         if overlap:
@@ -35,6 +35,20 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
     else:
         train, heldout = split_problems(train, heldout_fraction=d.heldout_fraction, seed=d.seed)
     return train, heldout[: d.num_eval]
+
+
+def _load_file(cfg: Config, field: str) -> list[Problem]:
+    """The problems of the file that config field `field` names; a bad row, a missing file or
+    an unreadable one is a ConfigError naming the field, the file and the row."""
+    from primekit.data.files import load_problems
+
+    path = cfg.data.train_path if field == "data.train_path" else cfg.data.eval_path
+    try:
+        return load_problems(path, task=cfg.data.task)
+    except FileNotFoundError:
+        raise ConfigError(f"{field}: no such file {str(path)!r}") from None
+    except ValueError as err:  # DatasetError: the file's name and line, the field, the fault
+        raise ConfigError(f"{field} {str(path)!r}: {err}") from None
 
 
 def procedural_task(cfg: Config):

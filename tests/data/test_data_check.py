@@ -53,6 +53,25 @@ def test_bad_jsonl_names_the_first_bad_row_line_and_field(tmp_path, capsys):
     assert (report.rows, report.bad, dict(report.tasks)) == (4, 3, {"math": 1})
 
 
+def test_rows_no_verifier_can_grade_are_bad_rows(tmp_path, capsys):
+    # The helper's walkthrough (2026-12-07): both rows passed `data check`, and training on them
+    # scored an error on every response and exited 0.
+    rows = [{"prompt": "1+1=", "answer": "2", "task": "physics"},
+            {"prompt": "1+2=", "tests": ["assert f(1)==2"], "task": "math"}]
+    path = write_jsonl(tmp_path / "task.jsonl", rows)
+    rc, out, err = run([str(path)], capsys)
+    assert rc == 2
+    assert out.splitlines()[0] == f"{path}: JSONL, 2 rows: 0 valid, 2 bad"
+    assert err == ("primekit: error: first bad row: task.jsonl line 1: the row's task 'physics' "
+                   "has no verifier; a row's task must be one of ['arithmetic', 'code', 'math', "
+                   "'rgym'] (1 more bad row)\n")
+    # --task code: rows with an answer and no tests have nothing the code verifier can run
+    rc, out, err = run([str(write_jsonl(tmp_path / "a.jsonl", GOOD[:2])), "--task", "code"],
+                       capsys)
+    assert rc == 2 and "a.jsonl line 1: the default task 'code' is graded by running field " \
+        "'tests', which the row does not have" in err
+
+
 def test_invalid_utf8_json_and_duplicate_ids_are_bad_rows(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"prompt": "a", "answer": "1", "id": 7}\n{"prompt": "\xff"}\n'

@@ -36,7 +36,15 @@ def test_load_jsonl_fields_defaults_and_meta(tmp_path):
     assert (b.id, b.answer) == ("data-2", "42")  # int answer becomes a string; id from the line
     assert (c.id, c.task, c.tests) == ("data-4", "code", ["assert f() is None"])
     assert d.tests == {"inputs": ["x\n"], "outputs": ["x\n"]}
-    assert [p.task for p in load_problems(path, task="arithmetic")] == ["arithmetic"] * 3 + ["code"]
+    # data.task fills in the task of rows without one: line 4 (tests, no answer) would then be an
+    # arithmetic problem with nothing to grade against, which is refused by line.
+    with pytest.raises(DatasetError, match="data.jsonl line 4: the default task 'arithmetic' is "
+                       "graded against field 'answer', which the row does not have"):
+        load_problems(path, task="arithmetic")
+    two = _write(tmp_path / "two.jsonl", [{"prompt": "1+1=", "answer": "2"},
+                                           {"prompt": "def f(): ...", "tests": ["assert 1"],
+                                            "task": "code"}])
+    assert [p.task for p in load_problems(two, task="arithmetic")] == ["arithmetic", "code"]
 
 
 @pytest.mark.parametrize(
@@ -68,6 +76,31 @@ def test_load_jsonl_fields_defaults_and_meta(tmp_path):
         ),
         ({"prompt": "p", "answer": True}, "field 'answer' must be a string, got bool"),
         ([1, 2], "data.jsonl line 3: a row must be a JSON object, got list"),
+        # Rows no verifier could grade: every response would score an error, nothing trains.
+        (
+            {"prompt": "p", "answer": "1", "task": "physics"},
+            "data.jsonl line 3: the row's task 'physics' has no verifier; a row's task must be "
+            "one of ['arithmetic', 'code', 'math', 'rgym']",
+        ),
+        (
+            {"prompt": "p", "tests": ["assert f(1) == 2"], "task": "math"},
+            "line 3: the row's task 'math' is graded against field 'answer', which the row does "
+            "not have",
+        ),
+        (
+            {"prompt": "p", "answer": "2", "task": "code"},
+            "line 3: the row's task 'code' is graded by running field 'tests', which the row does "
+            "not have",
+        ),
+        ({"prompt": "p", "answer": "  "}, "line 3: field 'answer' is empty: nothing to grade"),
+        (
+            {"prompt": "p", "answer": "two", "task": "arithmetic"},
+            "line 3: task 'arithmetic' is graded by exact integer match; field 'answer' must be "
+            "an integer, got 'two'",
+        ),
+        ({"prompt": "p", "answer": "7", "task": "rgym"}, "line 3: task 'rgym' needs field "
+         "'rgym_dataset'"),
+        ({"prompt": "p", "answer": "7", "task": "mixed"}, "the row's task 'mixed' has no verifier"),
         ('{"prompt": "p", "answer": ', "data.jsonl line 3: invalid JSON"),
         (
             {"prompt": "p", "answer": "1", "id": "x"},

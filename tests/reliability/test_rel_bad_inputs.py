@@ -70,6 +70,20 @@ def _inf_answer(m, t):
     return ["data.source=file", f"data.train_path={path}"], "train.jsonl line 1: field 'answer'"
 
 
+def _task_without_verifier(m, t):
+    # A walkthrough's file (2026-12-07): rows of a task no verifier grades trained on nothing,
+    # every response scored an error, and the run exited 0.
+    rows = _rows(30) + [{"prompt": "g=", "answer": "9.8", "task": "physics"}]
+    return (_file_data(t, rows), f"data.train_path '{t / 'train.jsonl'}': train.jsonl line 31: "
+            "the row's task 'physics' has no verifier")
+
+
+def _code_row_without_tests(m, t):
+    rows = _rows(30) + [{"prompt": "def f(): ...", "answer": "1", "task": "code"}]
+    return (_file_data(t, rows), "train.jsonl line 31: the row's task 'code' is graded by "
+            "running field 'tests', which the row does not have")
+
+
 def _kl_nan(m, t):
     return ["algorithm.kl_coef=.nan"], "algorithm.kl_coef: Input should be a finite number"
 
@@ -193,7 +207,8 @@ def _missing_prm_dir(m, t):
 
 CASES = {
     "few-train-rows": _few_rows, "empty-eval-file": _empty_eval, "nan-answer": _nan_answer,
-    "inf-answer": _inf_answer, "kl-coef-nan": _kl_nan, "lr-inf": _lr_inf,
+    "inf-answer": _inf_answer, "task-without-verifier": _task_without_verifier,
+    "code-row-without-tests": _code_row_without_tests, "kl-coef-nan": _kl_nan, "lr-inf": _lr_inf,
     "float16-on-cpu": _fp16_cpu, "keep-checkpoints-0": _keep_zero,
     "num-eval-huge": _num_eval_huge, "eval-num-problems-0": _eval_zero,
     "eval-num-problems-over-eval-file": _eval_over_heldout_file,
