@@ -34,8 +34,20 @@ def _models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref", default=None, help="reference model (default: the one --prm was "
                    "trained against where --prm is a run's final/prm or export/step_N/prm, "
                    "from its checkpoint's config; else --model)")
-    p.add_argument("--problems", type=int, default=None, help="held-out problems "
+    p.add_argument("--problems", type=_positive_int, default=None, help="held-out problems "
                    "(default viz.num_problems)")
+
+
+def _positive_int(text: str) -> int:
+    """--problems N: an integer of at least 1 (0 would silently mean the default, and a negative
+    slice nearly the whole held-out set)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +59,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    "run (`primekit train ... live.enabled=true`): its PRM toggle and shortcut "
                    "act on the run's models")
     p.add_argument("overrides", nargs="*", help="dotted overrides: sim.beta=0.3 ...")
-    p = sub.add_parser("dashboard", help="follow runs' metrics.jsonl live: curves, the two "
+    p = sub.add_parser("dashboard", help="follow runs' metrics.jsonl live: curves, the four "
                        "lights, timing, latest responses")
     _common(p, serve=True)
     p.add_argument("paths", nargs="+", metavar="RUN_DIR",

@@ -154,6 +154,7 @@ def run_heatmap(cfg, *, model: str, prm: str, ref: str | None, num_problems: int
     scored = sample_and_score(cfg, model=model, prm=prm, ref=ref, num_problems=num_problems,
                               k=v.heatmap_samples, temperature=v.temperature, seed=v.seed)
     rows = rows_of(scored)
-    title = f"implicit token rewards: PRM {prm} vs reference {ref or model} (beta {cfg.prm.beta:g})"
+    # The reference as resolved (the PRM's own where its run recorded one), not the argument.
+    title = f"implicit token rewards: PRM {prm} vs reference {scored.ref} (beta {cfg.prm.beta:g})"
     out = Path(v.out_dir)
     return [write_html(rows, out / "heatmap.html", title), write_png(rows, out / "heatmap.png", title)]

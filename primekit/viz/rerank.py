@@ -170,7 +170,7 @@ def run_rerank(cfg, *, model: str, prm: str, ref: str | None, num_problems: int)
           f"pairs of one problem's samples with different scores (0.5: no better than chance)")
     out = Path(v.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rerank.json").write_text(json.dumps({"model": model, "prm": prm, "ref": ref or model,
+    (out / "rerank.json").write_text(json.dumps({"model": model, "prm": prm, "ref": scored.ref,
                                                  "num_problems": num_problems, "rows": rows,
                                                  "pairwise": {"correct": correct, "pairs": pairs}},
                                                 indent=1))

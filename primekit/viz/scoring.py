@@ -29,6 +29,7 @@ class Scored:
     response_mask: torch.Tensor  # [N, T]
     k: int
     beta: float
+    ref: str = ""  # the reference the token rewards were scored against, as resolved
 
 
 def decode_tokens(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor,
@@ -130,4 +131,4 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
                   tokens=decode_tokens(tokenizer, batch.response_ids, batch.response_mask),
                   scores=torch.tensor([v.score for v in verdicts]),
                   statuses=[v.status for v in verdicts], token_rewards=rewards,
-                  response_mask=batch.response_mask.float(), k=k, beta=cfg.prm.beta)
+                  response_mask=batch.response_mask.float(), k=k, beta=cfg.prm.beta, ref=ref)

@@ -92,3 +92,51 @@ def test_bad_or_busy_port_is_one_line_before_any_work(command, port, message, bu
 def test_configured_port_out_of_range_is_one_line(capsys):
     assert cli.main(["sim", "--no-browser", "viz.port=70000"]) == 2
     assert "got 70000" in _one_line(capsys)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+@pytest.mark.parametrize("command", ["heatmap", "rerank"])
+def test_problems_must_be_a_positive_count(command, value, tmp_path, capsys):
+    # --problems 0 once meant viz.num_problems' default, and -3 sliced nearly the whole held-out
+    # set (497 problems); both are usage errors now, before any model is loaded.
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, "--model", str(tmp_path), "--prm", str(tmp_path), "--problems", value])
+    assert exit_.value.code == 2
+    assert "--problems" in capsys.readouterr().err
+
+
+def _scored(ref: str):
+    import torch
+
+    from primekit.data.problem import Problem
+    from primekit.viz.scoring import Scored
+
+    problem = Problem(id="p", prompt="1+2=", answer="3", task="arithmetic")
+    return Scored(problems=[problem] * 2, responses=["A:3", "A:4"], tokens=[["A:3"], ["A:4"]],
+                  scores=torch.tensor([1.0, 0.0]), statuses=["correct", "incorrect"],
+                  token_rewards=torch.tensor([[0.2], [-0.1]]), response_mask=torch.ones(2, 1),
+                  k=2, beta=0.05, ref=ref)
+
+
+def test_heatmap_and_rerank_name_the_reference_they_scored_against(tmp_path, monkeypatch):
+    # --ref left out with a run's PRM: the reference is the PRM's own, found in its run, and the
+    # figure and rerank.json must name that one, not --model (a walkthrough found them naming
+    # --model while the console named the PRM's reference).
+    seen = []
+
+    def fake(cfg, *, model, prm, ref, num_problems, k, temperature, seed):
+        seen.append(ref)
+        return _scored("runs/demo/sft-prm")
+
+    monkeypatch.setattr("primekit.viz.scoring.sample_and_score", fake)
+    out = tmp_path / "viz"
+    common = ["--model", "runs/demo/prime/final/policy", "--prm", "runs/demo/prime/final/prm",
+              "--problems", "1", f"viz.out_dir={out}", "viz.rerank_ns=[1,2]", "viz.rerank_draws=2"]
+    assert cli.main(["heatmap", *common]) == 0
+    assert "vs reference runs/demo/sft-prm (beta" in (out / "heatmap.html").read_text()
+    assert cli.main(["rerank", *common]) == 0
+    import json
+
+    record = json.loads((out / "rerank.json").read_text())
+    assert record["ref"] == "runs/demo/sft-prm" and record["model"].endswith("final/policy")
+    assert seen == [None, None]  # the commands passed --ref through unresolved
