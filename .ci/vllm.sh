@@ -44,7 +44,7 @@ trap 'rm -rf "$work"' EXIT
 # progress finishes and is saved, exit status 143), which ends the check in minutes.
 (cd "$work" && exec primekit train --config tiny rollout.backend=vllm > train.log 2>&1) &
 pid=$!
-metrics="$work/runs/demo/prime/metrics.jsonl"
+metrics="$work/runs/prime/metrics.jsonl"
 for _ in $(seq 600); do
     logged=$(grep -c weight_sync "$metrics" 2>/dev/null) || logged=0
     [ "$logged" -ge 2 ] && break

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -90,8 +91,25 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)+=.*", re.DOTALL)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with dotted overrides allowed between flags too: argparse takes one run
+    of positionals, so in `train --config tiny a.b=1 --resume c.d=2` it would refuse `c.d=2` as
+    an unrecognised argument (a valid override, only out of place). Such overrides join the
+    others in the order given; anything else unrecognised is the usual usage error."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "overrides", None) is None or not all(map(_OVERRIDE.fullmatch, extra)):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     _quiet_transformers()
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command not in ("train", "eval"):

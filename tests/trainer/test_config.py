@@ -7,7 +7,7 @@ import re
 import pytest
 
 from primekit.cli import main
-from primekit.config import CONFIG_DIR, Config, ConfigError, load_config, validate
+from primekit.config import CONFIG_DIR, Config, ConfigError, load_config, resolve_config, validate
 from primekit.data.splits import load_splits
 
 
@@ -201,3 +201,22 @@ def test_config_choices_match_the_functions_they_select():
 
     assert choices(AlgorithmConfig, "estimator") == set(ESTIMATORS)
     assert choices(ExplicitRewardConfig, "transform") == set(PROCESS_REWARD_TRANSFORMS)
+
+
+def test_overrides_may_stand_between_flags_and_keep_their_order(capsys):
+    from primekit.cli import parse_args
+
+    # A walkthrough typed the override after --resume: argparse takes one run of positionals
+    # and refused `train.steps=2` as an unrecognised argument.
+    args = parse_args(["train", "--config", "tiny", "train.run_dir=r", "--resume", "train.steps=2",
+                       "train.run_dir=s"])
+    assert args.resume and args.overrides == ["train.run_dir=r", "train.steps=2", "train.run_dir=s"]
+    assert load_config(resolve_config("tiny"), args.overrides).train.run_dir == "s"  # later wins
+    # Anything else out of place is still a usage error, as is a stray override where the
+    # command takes none (export).
+    for argv in (["train", "--config", "tiny", "a.b=1", "--resume", "bogus"],
+                 ["export", "runs/x", "--step", "3", "train.steps=2"]):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(argv)
+        assert exit_.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
