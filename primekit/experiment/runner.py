@@ -67,7 +67,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from primekit.config import Config
+from primekit.config import Config, ConfigError
 from primekit.experiment.records import (
     copy_tree,
     find_record,
@@ -498,6 +498,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         todo = [r for r in runs if states[r.run_id] != FINISHED]
         if max_runs is not None:
             todo = todo[:max_runs]
+        check_model_paths(todo, configs, out_dir)
         result = {r.run_id: FINISHED for r in runs if states[r.run_id] == FINISHED}
         display = Display(len(runs), len(result), parallel,
                           live=console.is_terminal and in_process is None)
@@ -513,6 +514,27 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
             if records is not None:
                 _save_records(spec, runs, configs, records)
         return result
+
+
+def check_model_paths(todo: list[Run], configs: dict[str, Config], out_dir: Path) -> None:
+    """Refuse, before any run starts, a run to train whose models are local paths that do not
+    exist (after the spec's `prepare` steps): otherwise every run of that task or arm would fail
+    one by one, each after the runs before it trained. Paths under `out_dir` may be made by the
+    experiment's own runs and are left to the run; hub ids are left to `from_pretrained`."""
+    from primekit.models.hf import check_model_path
+    from primekit.validate import model_roles
+
+    out = out_dir.resolve()
+    for run in todo:
+        cfg = configs[run.run_id]
+        for field, path in {"model.policy": cfg.model.policy, **model_roles(cfg)}.items():
+            if path is None or out in Path(path).expanduser().resolve().parents:
+                continue
+            try:
+                check_model_path(path, field)
+            except ConfigError as e:
+                raise SpecError(f"run {run.run_id}: {e} (nothing was started; a `prepare` step "
+                                "of the spec can make it)") from None
 
 
 class _Fingerprints:

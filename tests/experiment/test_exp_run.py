@@ -149,6 +149,19 @@ def test_cli_experiment_with_sft_per_task_family(tmp_path):
     assert "| arith | prime vs rloo |" in text and "| chains | prime vs rloo |" in text
 
 
+def test_a_missing_model_path_is_refused_before_any_run_starts(tiny_model_dir, tmp_path):
+    # A walkthrough's spec named a chains SFT model it had not made: the arithmetic runs trained,
+    # then every chains run failed one by one. The paths are checked once the prepare steps ran.
+    missing = tmp_path / "runs" / "chains" / "sft"
+    spec = load_spec(write_spec(tmp_path / "spec.yaml", tiny_model_dir, tasks={
+        "arithmetic": {}, "chains": {"model.policy": str(missing)}}))
+    launches = []
+    with pytest.raises(SpecError, match=f"run chains--prime--s0: model.policy: model directory "
+                       f"'{missing}' does not exist \\(nothing was started"):
+        run_experiment(spec, tmp_path / "exp", in_process=main, on_launch=launches.append)
+    assert launches == []
+
+
 @pytest.mark.slow
 def test_subprocess_runs_side_by_side(tiny_model_dir, tmp_path):
     # The default launcher: each run a `primekit train` subprocess, here two at once with one
