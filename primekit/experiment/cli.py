@@ -63,7 +63,7 @@ def list_specs(records: Path | None = None) -> list[str]:
 def run(args, main=None) -> int:
     """`primekit experiment`; `main` is the CLI's entry, used for --in-process runs."""
     from primekit.experiment.report import write_report
-    from primekit.experiment.runner import FINISHED, default_out_dir, run_experiment
+    from primekit.experiment.runner import FINISHED, default_out_dir, progress, run_experiment
     from primekit.experiment.spec import SpecError, load_spec
 
     if args.list:
@@ -100,7 +100,10 @@ def run(args, main=None) -> int:
                                     records=Path(args.records) if args.records else None)
             failed += [f"{spec.name}/{k}" for k, v in result.items() if v != FINISHED]
         report = write_report(spec, out, plots=not args.no_plots)
-        console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)
+        done, total = progress(spec, out)
+        console.print(f"report: {report}" + ("" if done == total else
+                      f" (from {done} of {total} runs: its verdict may change as the rest finish)"),
+                      markup=False, highlight=False, soft_wrap=True)
     if failed:
         console.print(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in each "
                       "experiment's logs/); run the same command again to retry them",

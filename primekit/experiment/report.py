@@ -379,7 +379,9 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
     wall = sum(g.wall_s for g in all_logs)
     lines = [
         f"# {spec.name}: {spec.claim}", "",
-        f"**Verdict: {claim_verdict}.**", "",
+        (f"**Verdict: {claim_verdict}.**" if not left else
+         f"**Verdict from {len(done)} of {len(done) + len(left)} runs (the rest not finished): "
+         f"{claim_verdict}.**"), "",
         f"- Paper: {spec.paper or '(not given)'}",
         *[f"- Rule: {v.rule} of `{v.metric}`"
           + (" (noise: std of step-to-step changes)" if v.statistic == "noise" else "")

@@ -673,7 +673,8 @@ def _keep_model(step, records: Path | None) -> None:
     if copy.is_dir() and any(copy.iterdir()):
         if tree_fingerprint(copy) != tree_fingerprint(here):
             console.print(f"experiment: prepare {step.creates} differs from its copy in {copy}: "
-                          f"run records made from that copy will not be restored (delete "
+                          f"run records made from that copy will not be restored: their runs are "
+                          f"trained here, or with --max-runs 0 left out of the report (delete "
                           f"{step.creates} to use the copy)", markup=False, soft_wrap=True)
         return
     size = sum(p.stat().st_size for p in here.rglob("*") if p.is_file())

@@ -63,6 +63,10 @@ def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
                         ("default--prime--s1", "fresh")]
     assert [run_state(r.run_dir, r.config(spec)) for r in runs[:2]] == [FINISHED, FINISHED]
     mtimes = {r.run_id: (r.run_dir / "metrics.jsonl").stat().st_mtime_ns for r in runs[:2]}
+    # A report of a piece says so in its headline, not only in the runs line below it.
+    text = write_report(spec, out, plots=False).read_text()
+    assert "**Verdict from 2 of 4 runs (the rest not finished): inconclusive at this budget.**" \
+        in text
     # The third run is interrupted after its first step: a checkpoint at step 1 of 2.
     third = runs[2]
     assert main(["train", "--config", "tiny", *third.overrides, "train.steps=1"]) == 0
