@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from math import ceil
+from pathlib import Path
 from typing import NamedTuple
 
 from primekit.algorithms import ESTIMATORS
@@ -47,7 +48,9 @@ def read_model_shape(source: str, trust_remote_code: bool = False,
         return mem.shape_from_hf_config(config)
     except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{field}: cannot read the model config of {source!r} ({first}); "
+        hub = "" if Path(source).expanduser().exists() else (
+            " (a hub id: its config.json is downloaded; offline, give --model-config)")
+        raise ConfigError(f"{field}: cannot read the model config of {source!r}{hub} ({first}); "
                           "--model-config takes a model directory or its config.json") from None
 
 
@@ -409,8 +412,19 @@ def run_plan(cfg: Config, *, gpus: int, gpu_mem_gib: float, prompt_len: int,
                       chunk=chunk)
     alts = [] if plan.fits else alternatives(cfg, shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib,
                                              prompt_len=prompt_len, chunk=chunk)
-    title = (f"memory plan per GPU: {source} ({mem.model_params(shape) / 1e9:.2f} B params), "
-             f"{gpus} GPUs, {cfg.model.dtype}, sequence {prompt_len}+"
-             f"{cfg.rollout.max_new_tokens}")
+    params = mem.model_params(shape)
+    size = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
+    title = (f"memory plan per GPU: {source} ({size} params), {gpus} GPUs, {cfg.model.dtype}, "
+             f"sequence {prompt_len}+{cfg.rollout.max_new_tokens}")
     print_plan(cfg, plan, alts, title=title, console=console)
+    sequence = prompt_len + cfg.rollout.max_new_tokens
+    if shape.context is not None and sequence > shape.context:
+        from primekit.logging import console as default_console
+
+        (console or default_console).print(
+            f"note: the planned sequence ({prompt_len} prompt + {cfg.rollout.max_new_tokens} new "
+            f"tokens = {sequence}) is longer than the model takes ({shape.context} positions, "
+            f"max_position_embeddings): the plan is for sequences this model cannot run; give "
+            f"--prompt-len at most {max(shape.context - cfg.rollout.max_new_tokens, 1)}",
+            markup=False, highlight=False, soft_wrap=True)
     return plan

@@ -199,6 +199,19 @@ def test_unreadable_model_config_is_one_clear_line(tmp_path, capsys):
         read_model_shape(str(tmp_path / "empty"))
 
 
+def test_an_unreachable_hub_id_says_to_give_model_config(monkeypatch):
+    # paper-7b's model.policy is a hub id: offline its config.json cannot be fetched, and the line
+    # says what to do (a walkthrough saw the bare network error).
+    def offline(source, trust_remote_code=False):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr("primekit.models.hf.load_model_config", offline)
+    with pytest.raises(ConfigError, match="model.policy: cannot read the model config of "
+                       "'PRIME-RL/Eurus-2-7B-SFT' \\(a hub id: its config.json is downloaded; "
+                       "offline, give --model-config\\) \\(We couldn't connect"):
+        read_model_shape("PRIME-RL/Eurus-2-7B-SFT", field="model.policy")
+
+
 def test_models_held_follow_the_config(shape_7b):
     # PPO: a trained critic (value head h + 1 instead of the lm head) and its update phase.
     _, plan = _plan(shape_7b, "algorithm.estimator=ppo")
@@ -233,3 +246,19 @@ def test_rollout_rows_are_the_largest_round_capped_by_the_micro_batch():
     assert rows("train.prompts_per_step=5") == 256
     # each of 8 ranks samples its ceil(33 / 8) = 5 prompts: filter off, 5 x 4 = 20 rows
     assert rows("filter.enabled=false", "train.prompts_per_step=33", gpus=8) == 20
+
+
+def test_a_sequence_past_the_models_context_is_named(tiny_model_dir, capsys):
+    # The tiny model takes 512 positions; --prompt-len's default (1024, verl's PRIME recipe) plus
+    # 64 new tokens plans sequences it cannot run. The title names a 1 M model in M, not 0.00 B.
+    assert read_model_shape(str(tiny_model_dir)).context == 512
+    argv = ["plan", "--config", "tiny", "--gpus", "1", "--gpu-mem", "80",
+            f"model.policy={tiny_model_dir}"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(1.08 M params)" in out
+    assert ("note: the planned sequence (1024 prompt + 64 new tokens = 1088) is longer than the "
+            "model takes (512 positions, max_position_embeddings)") in " ".join(out.split())
+    assert "give --prompt-len at most 448" in " ".join(out.split())
+    assert main([*argv, "--prompt-len", "64"]) == 0
+    assert "note: the planned sequence" not in capsys.readouterr().out

@@ -49,6 +49,7 @@ class ModelShape:
     tied_embeddings: bool  # output head shares the input embedding
     qkv_bias: bool  # q/k/v projections have a bias (Qwen2: yes; Llama: attention_bias)
     mlp_bias: bool = False
+    context: int | None = None  # the longest sequence it takes (max_position_embeddings), if said
 
 
 def shape_from_hf_config(config: Any) -> ModelShape:
@@ -68,6 +69,7 @@ def shape_from_hf_config(config: Any) -> ModelShape:
         tied_embeddings=bool(get(config, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(get(config, "attention_bias", False)),
         mlp_bias=bool(get(config, "mlp_bias", False)),
+        context=get(config, "max_position_embeddings", None) or get(config, "n_positions", None),
     )
 
 
