@@ -215,8 +215,10 @@ def _run_to_output(args) -> None:
                 dispatch(args)
     except signals.Interrupted as e:
         e.note = (f"{field} {str(out)!r} was written before the stop" if _identity(out) != before
-                  else f"nothing was written ({field} {str(out)!r} is as it was); "
-                       f"{args.command} has no resume: run it again")
+                  else f"{field} {str(out)!r} is as it was (not written"
+                       + (f"; the steps taken are logged in {str(out)}-logs"
+                          if args.command == "sft" else "")
+                       + f"); {args.command} has no resume: run it again")
         raise
 
 

@@ -24,6 +24,7 @@ the demo's hold on its `--run-dir`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -230,6 +231,7 @@ def lock(target: Path, field: str, lock_file: Path | None = None) -> Iterator[No
 
     lock_file = lock_file or target / LOCK
     short = field.split()[-1].rsplit(".", 1)[-1]  # run_dir, out_dir, --run-dir
+    made = None if lock_file.parent.exists() else lock_file.parent  # a directory made for the lock
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -250,7 +252,17 @@ def lock(target: Path, field: str, lock_file: Path | None = None) -> Iterator[No
             raise ConfigError(f"{field}: cannot write to {str(target)!r}: {_cause(e)}") from None
         yield
     finally:
-        os.close(fd)  # releases the flock; the file stays (removing it would race a waiter)
+        # A directory made here that holds nothing but the lock (a command refused before it
+        # wrote anything: a bad input, a missing checkpoint) is removed, lock first, while the
+        # flock is still held: a process that opened the old lock file is refused, one that
+        # opens it after the unlink makes a new one. Any other lock file stays (removing it
+        # would race another holder).
+        if made is not None:
+            with contextlib.suppress(OSError):
+                if os.listdir(made) == [lock_file.name]:
+                    lock_file.unlink()
+                    made.rmdir()
+        os.close(fd)  # releases the flock
 
 
 def output_lock_file(out_dir: Path) -> Path:

@@ -151,8 +151,8 @@ def test_a_signal_mid_sft_is_one_line_and_keeps_the_earlier_model(
     assert proc.returncode == status, err[-2000:]
     name = signal.Signals(signum).name
     assert _one_line(err) == (
-        f"primekit: sft stopped by {name}; nothing was written (sft.out_dir '{out}' is as it "
-        f"was); sft has no resume: run it again")
+        f"primekit: sft stopped by {name}; sft.out_dir '{out}' is as it was (not written; the "
+        f"steps taken are logged in {out}-logs); sft has no resume: run it again")
     assert out.stat().st_ino == inode and _files(out) == before
     from primekit.models.hf import load_model
 
@@ -298,8 +298,8 @@ def test_sigterm_mid_train_orm_is_one_line_and_writes_nothing(tiny_model_dir, tm
             proc.kill()
     assert proc.returncode == 143, err[-2000:]
     assert _one_line(err) == (
-        f"primekit: train-orm stopped by SIGTERM; nothing was written (orm.out_dir '{out}' is "
-        f"as it was); train-orm has no resume: run it again")
+        f"primekit: train-orm stopped by SIGTERM; orm.out_dir '{out}' is as it was (not "
+        f"written); train-orm has no resume: run it again")
     assert not out.exists()
 
 

@@ -173,6 +173,20 @@ def test_second_writer_is_refused_naming_the_holder(rl_overrides, tmp_path, caps
     assert f"train.run_dir: '{run}' is in use by PID {holder.pid} on host h" in err[0]
 
 
+def test_a_refused_command_leaves_no_directory_it_made(rl_overrides, tmp_path, capsys):
+    # A walkthrough found `train.run_dir` left behind holding only `.lock` after a refusal (here:
+    # --resume with no checkpoint; before it, a missing model or a bad data file did the same).
+    run = tmp_path / "new" / "run"
+    assert cli.main(_argv(rl_overrides(run), "--resume")) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+    assert not run.exists()
+    assert (tmp_path / "new").exists()  # parents are made by mkdir(parents=True), and kept
+    # A directory that was there stays, lock file and all.
+    run.mkdir()
+    assert cli.main(_argv(rl_overrides(run), "--resume")) == 2
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
 def test_fresh_run_in_a_used_directory_is_refused_unless_overwrite(rl_overrides, tmp_path,
                                                                     capsys):
     run = tmp_path / "run"
