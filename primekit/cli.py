@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="a checkpoint's models as plain Hugging Face directories")
     p.add_argument("run_dir", help="the run directory (its checkpoints/ are read)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--out", default=None, help="output dir (default: RUN_DIR/export/step_N)")
+    p.add_argument("--out", default=None, help="output dir (default: "
+                   "RUN_DIR/export/step_NNNNNN, the step in six digits: step_000160)")
     p.add_argument("--models", nargs="*", default=None, help="names (default: all, e.g. policy prm)")
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")

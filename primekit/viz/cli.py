@@ -29,10 +29,10 @@ def _common(p: argparse.ArgumentParser, serve: bool) -> None:
 def _models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="policy checkpoint that samples the responses")
     p.add_argument("--prm", required=True, help="implicit PRM, a Hugging Face model directory "
-                   "(a finished run's RUN/final/prm, or RUN/export/step_N/prm from `primekit "
+                   "(a finished run's RUN/final/prm, or RUN/export/step_000160/prm from `primekit "
                    "export RUN`)")
     p.add_argument("--ref", default=None, help="reference model (default: the one --prm was "
-                   "trained against where --prm is a run's final/prm or export/step_N/prm, "
+                   "trained against where --prm is a run's final/prm or export/step_NNNNNN/prm, "
                    "from its checkpoint's config; else --model)")
     p.add_argument("--problems", type=_positive_int, default=None, help="held-out problems "
                    "(default viz.num_problems)")

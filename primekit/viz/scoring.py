@@ -54,7 +54,7 @@ def token_rewards_for(prm, ref, batch, beta: float, micro_batch_size: int) -> to
 
 def trained_reference(prm: str) -> str | None:
     """The reference the implicit PRM in `prm` was trained against, when `prm` is one a run
-    wrote: RUN/final/prm (the run's newest checkpoint) or RUN/export/step_N/prm (`primekit
+    wrote: RUN/final/prm (the run's newest checkpoint) or RUN/export/step_NNNNNN/prm (`primekit
     export`, that checkpoint). It is the checkpoint's model.ref, or its model.policy where
     model.ref was unset (PRIME's default: the policy's initial model). None for any other
     directory, a run whose checkpoint is gone, or one trained against the rollout policy
