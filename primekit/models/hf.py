@@ -93,16 +93,36 @@ def load_value_model(
     step-level PRM. From a causal-LM checkpoint the score head is new (initialised from the global
     RNG); `config` replaces the checkpoint's (e.g. one without dropout, `load_model_config`)."""
     from transformers import AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
 
     _check_source(name_or_path, "model")
     source = os.path.expanduser(str(name_or_path))
     kwargs: dict[str, Any] = {"config": config} if config is not None else {"num_labels": 1}
+    # transformers reports a new score head as a table of MISSING keys on every load from a
+    # causal LM: that head is new by design. Its report is held back; anything else it would
+    # report (other missing, unexpected or mismatched weights) is one line here.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
-        model = AutoModelForTokenClassification.from_pretrained(
-            source, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code, **kwargs
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            source, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code,
+            output_loading_info=True, **kwargs
         )
     except OSError as err:
         raise OSError(f"cannot load model {str(name_or_path)!r}: {err}") from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    odd = {"not in the checkpoint (initialised)": [
+               k for k in info.get("missing_keys", []) if not k.startswith("score.")],
+           "not used": [k for k in info.get("unexpected_keys", []) if not k.startswith("lm_head.")],
+           "of another shape (initialised)": list(info.get("mismatched_keys", []))}
+    if any(odd.values()):
+        import warnings
+
+        warnings.warn(f"{name_or_path}: as a model with a scalar head, weights "
+                      + "; ".join(f"{what}: {', '.join(map(str, keys[:5]))}"
+                                  + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+                                  for what, keys in odd.items() if keys), stacklevel=2)
     return model.to(device)
 
 

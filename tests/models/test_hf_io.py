@@ -26,6 +26,28 @@ from primekit.models.tiny import build_char_tokenizer
 CONFIG = Path(primekit.__file__).parent / "configs" / "tiny.yaml"
 
 
+def test_a_value_model_from_a_causal_lm_loads_without_a_report(tiny_model_dir, tmp_path,
+                                                                capfd, recwarn):
+    # transformers prints a LOAD REPORT table for the new score head on every such load (a
+    # walkthrough saw it at each tiny-explicit run); that head is new by design, so nothing is
+    # said. A checkpoint short of a layer's weight is still said, in one warning.
+    model = load_value_model(str(tiny_model_dir))
+    assert model.config.num_labels == 1
+    assert "LOAD REPORT" not in "".join(capfd.readouterr()) and not recwarn.list
+    from safetensors.torch import load_file, save_file
+
+    short = tmp_path / "short"
+    shutil.copytree(tiny_model_dir, short)
+    weights = load_file(short / "model.safetensors")
+    name = next(k for k in weights if k.endswith("layers.0.mlp.up_proj.weight"))
+    del weights[name]
+    save_file(weights, short / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="weights not in the checkpoint \\(initialised\\): "
+                      "model.layers.0.mlp.up_proj.weight"):
+        load_value_model(str(short))
+    assert "LOAD REPORT" not in "".join(capfd.readouterr())
+
+
 def test_load_model_dtype_and_errors(tiny_model_dir, tmp_path):
     model = load_model(str(tiny_model_dir), dtype="bfloat16")
     assert next(model.parameters()).dtype == torch.bfloat16
