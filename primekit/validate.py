@@ -271,6 +271,13 @@ def check_eval_model(path: str, field: str = "--model") -> None:
     if root.exists():
         check_model_dir(path, field, tokenizer=True)
         return
+    check_hub_model(path, field, "download the model first")
+
+
+def check_hub_model(path: str, field: str, otherwise: str) -> None:
+    """`path`, which is no local path, must be a hub id that is cached or that the hub confirms
+    in one request with a 10 s timeout (instead of transformers' retries: a minute on a typo,
+    26 s offline); else one ConfigError line ending in `otherwise` (what to do instead)."""
     check_model_path(path, field)
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
         raise ConfigError(f"{field}: model directory {path!r} does not exist")
@@ -287,4 +294,4 @@ def check_eval_model(path: str, field: str = "--model") -> None:
     except Exception as e:  # noqa: BLE001 (offline, no network, gated: one line either way)
         raise ConfigError(f"{field}: {path!r} is no local directory and no cached hub model, and "
                           f"the hub cannot confirm it ({type(e).__name__}); check the path, or "
-                          f"download the model first") from None
+                          f"{otherwise}") from None

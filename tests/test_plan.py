@@ -200,14 +200,34 @@ def test_unreadable_model_config_is_one_clear_line(tmp_path, capsys):
 
 
 def test_an_unreachable_hub_id_says_to_give_model_config(monkeypatch):
-    # paper-7b's model.policy is a hub id: offline its config.json cannot be fetched, and the line
-    # says what to do (a walkthrough saw the bare network error).
-    def offline(source, trust_remote_code=False):
+    # paper-7b's model.policy is a hub id: offline its config.json cannot be fetched. One request
+    # with a timeout says so (transformers' own retries took 26 s offline), and the line says
+    # what to do instead (a walkthrough saw the bare network error).
+    import huggingface_hub
+
+    asked = []
+
+    def model_info(name, timeout=None):
+        asked.append((name, timeout))
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", model_info)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    with pytest.raises(ConfigError, match="model.policy: 'PRIME-RL/Eurus-2-7B-SFT' is no local "
+                       "directory and no cached hub model, and the hub cannot confirm it "
+                       "\\(OSError\\); check the path, or give --model-config with a local "
+                       "copy of its config.json"):
+        read_model_shape("PRIME-RL/Eurus-2-7B-SFT", field="model.policy")
+    assert asked == [("PRIME-RL/Eurus-2-7B-SFT", 10)]
+    # A config the hub lists but that cannot be read (here: the read itself fails) is named with
+    # the same advice.
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda name, timeout=None: None)
+
+    def unreadable(source, trust_remote_code=False):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
-    monkeypatch.setattr("primekit.models.hf.load_model_config", offline)
-    with pytest.raises(ConfigError, match="model.policy: cannot read the model config of "
-                       "'PRIME-RL/Eurus-2-7B-SFT' \\(a hub id: its config.json is downloaded; "
+    monkeypatch.setattr("primekit.models.hf.load_model_config", unreadable)
+    with pytest.raises(ConfigError, match="\\(a hub id: its config.json is downloaded; "
                        "offline, give --model-config\\) \\(We couldn't connect"):
         read_model_shape("PRIME-RL/Eurus-2-7B-SFT", field="model.policy")
 
