@@ -40,10 +40,9 @@ def read_model_shape(source: str, trust_remote_code: bool = False,
                      field: str = "--model-config") -> mem.ModelShape:
     """The ModelShape of a local directory, a config.json file or a hub id (transformers
     AutoConfig), or a one-line ConfigError naming the source and the `field` it came from."""
-    from primekit.models.hf import check_model_path, load_model_config
+    from primekit.models.hf import load_model_config
     from primekit.validate import check_hub_model
 
-    check_model_path(source, field)
     if not Path(source).expanduser().exists():  # a hub id: one request, not a minute of retries
         check_hub_model(source, field, "give --model-config with a local copy of its config.json")
     try:

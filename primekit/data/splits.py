@@ -23,9 +23,9 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
         return train, heldout
     from primekit.data.files import split_problems
 
-    train = _load_file(cfg, "data.train_path")
+    train = _load_file("data.train_path", d.train_path, d.task)
     if d.eval_path:
-        heldout = _load_file(cfg, "data.eval_path")
+        heldout = _load_file("data.eval_path", d.eval_path, d.task)
         train_prompts = {p.prompt for p in train}
         overlap = sum(p.prompt in train_prompts for p in heldout)
         if overlap:
@@ -37,14 +37,13 @@ def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
     return train, heldout[: d.num_eval]
 
 
-def _load_file(cfg: Config, field: str) -> list[Problem]:
-    """The problems of the file that config field `field` names; a bad row, a missing file or
-    an unreadable one is a ConfigError naming the field, the file and the row."""
+def _load_file(field: str, path: str, task: str | None) -> list[Problem]:
+    """The problems of the file `path` that config field `field` names; a bad row, a missing
+    file or an unreadable one is a ConfigError naming the field, the file and the row."""
     from primekit.data.files import load_problems
 
-    path = cfg.data.train_path if field == "data.train_path" else cfg.data.eval_path
     try:
-        return load_problems(path, task=cfg.data.task)
+        return load_problems(path, task=task)
     except FileNotFoundError:
         raise ConfigError(f"{field}: no such file {str(path)!r}") from None
     except ValueError as err:  # DatasetError: the file's name and line, the field, the fault
