@@ -11,6 +11,8 @@ the PRIME paper's 7B values where they apply (Sec. 4.1 / App. of arXiv 2502.0145
 
 import dataclasses
 import functools
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -593,7 +595,47 @@ def _describe(error: Any) -> str:
     return f"{dotted}: {error['msg']}, got {error['input']!r}"
 
 
+def _admits_bool(tp: Any) -> bool:
+    """Whether a field annotation accepts true/false (pydantic would also take them as 1/0 for an
+    int or float, so `train.steps=true` would train one step)."""
+    if tp is bool or tp is Any:
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return _admits_bool(args[0])
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(_admits_bool(a) for a in args)
+    return False
+
+
+def _refuse_bools(data: dict[str, Any]) -> None:
+    """A YAML true/false given to a field that is not a switch: a ConfigError naming it."""
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    for name, section in data.items():
+        if name not in sections or not isinstance(section, dict):
+            continue  # pydantic names an unknown section or a section that is no mapping
+        types_ = {f.name: f.type for f in dataclasses.fields(sections[name])}
+        for key, value in section.items():
+            if isinstance(value, bool) and key in types_ and not _admits_bool(types_[key]):
+                raise ConfigError(f"{name}.{key}: expected {_type_name(types_[key])}, got "
+                                  f"{value!r} (true and false are for switches)")
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
 def _validate_fields(data: dict[str, Any]) -> Config:
+    _refuse_bools(data)
     try:
         return _adapter().validate_python(data)
     except ValidationError as e:
@@ -612,11 +654,40 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (plain YAML keeps the
+    last one silently: an arm or a section written twice would lose the first)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice", key_node.start_mark)
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class says so
+                pass
+        return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                 _UniqueKeyLoader.construct_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, refusing a key given twice in a mapping (yaml.YAMLError, with its line)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

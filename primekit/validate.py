@@ -63,13 +63,15 @@ def _check_safetensors(path: Path, field: str) -> None:
 
 def check_model_dir(path: str | None, field: str, *, tokenizer: bool = False) -> None:
     """A local model directory has a config.json, readable weights and (if `tokenizer`) tokenizer
-    files. Hub ids (no such local path) are left to `from_pretrained`."""
+    files; a name that is no local path must be a hub id that is cached or that the hub confirms
+    (`check_hub_model`: one request, instead of transformers' minute of retries on a typo)."""
     if path is None:
         return
     check_model_path(path, field)
     root = Path(path).expanduser()
     if not root.exists():
-        return  # a hub id
+        check_hub_model(path, field, "download the model first")
+        return
     if not root.is_dir():
         raise ConfigError(f"{field}: {path!r} is a file, not a model directory")
     if not (root / "config.json").is_file():

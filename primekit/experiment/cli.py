@@ -16,7 +16,8 @@ def add_subcommand(sub) -> None:
     p.add_argument("--all", action="store_true",
                    help="every packaged spec, one after the other (the whole evidence suite)")
     p.add_argument("--list", action="store_true",
-                   help="the packaged specs, their claims and how many runs have finished")
+                   help="the packaged specs (or the specs given), their claims and how many runs "
+                   "have finished")
     p.add_argument("--out", default=None,
                    help="experiment directory (default: runs/experiments/<spec name>)")
     p.add_argument("--parallel", type=int, default=1,
@@ -36,16 +37,17 @@ def add_subcommand(sub) -> None:
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
-def list_specs(records: Path | None = None) -> list[str]:
-    """One line per packaged spec: name, the claim, the paper's figure, arms x seeds x tasks, how
-    many runs have finished in its default directory (runs/experiments/<name>, from here) and,
-    with `records`, how many a run-record directory holds (by config and steps; whether their
-    input files match is checked when they are restored)."""
+def list_specs(records: Path | None = None, names: list[str] | None = None) -> list[str]:
+    """One line per packaged spec (or per spec of `names`: files or packaged names): name, the
+    claim, the paper's figure, arms x seeds x tasks, how many runs have finished in its default
+    directory (runs/experiments/<name>, from here) and, with `records`, how many a run-record
+    directory holds (by config and steps; whether their input files match is checked when they
+    are restored)."""
     from primekit.experiment.runner import default_out_dir, progress, spec_record
     from primekit.experiment.spec import counted, load_spec, packaged_specs
 
     lines = []
-    for name in packaged_specs():
+    for name in names or packaged_specs():
         s = load_spec(name, check_runs=False)
         n = len(s.arms) * len(s.seeds) * len(s.tasks)
         paper = f" [{s.paper}]" if s.paper else ""
@@ -56,7 +58,7 @@ def list_specs(records: Path | None = None) -> list[str]:
             done += f"; {held} in {records}"
         counts = " x ".join(counted(k, noun) for k, noun in
                             ((len(s.arms), "arm"), (len(s.seeds), "seed"), (len(s.tasks), "task")))
-        lines.append(f"{name}: {s.claim}{paper} ({counts} = {counted(n, 'run')}{done})")
+        lines.append(f"{s.name}: {s.claim}{paper} ({counts} = {counted(n, 'run')}{done})")
     return lines
 
 
@@ -67,7 +69,7 @@ def run(args, main=None) -> int:
     from primekit.experiment.spec import SpecError, load_spec
 
     if args.list:
-        for line in list_specs(Path(args.records) if args.records else None):
+        for line in list_specs(Path(args.records) if args.records else None, list(args.spec)):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return 0
     names = list(args.spec)
@@ -79,6 +81,8 @@ def run(args, main=None) -> int:
         raise SpecError("experiment: give a spec (a YAML file or a packaged name), --all or --list")
     if args.parallel < 1:
         raise SpecError(f"--parallel: expected at least 1, got {args.parallel}")
+    if args.max_runs is not None and args.max_runs < 0:
+        raise SpecError(f"--max-runs: expected at least 0, got {args.max_runs}")
     if args.out and len(names) > 1:
         raise SpecError("--out: one experiment directory per spec; give one spec with --out")
     specs = [load_spec(n) for n in names]  # every spec checked before anything runs

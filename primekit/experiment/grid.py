@@ -33,7 +33,7 @@ def grid_values(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], task: str
         vals = finals(arm)
         if vals:
             out[(ys.index(y), xs.index(x))] = (stats.welch_interval(vals, base) if base
-                                               else stats.t_interval(vals))
+                                               else stats.mean_interval(vals, metric))
     return xs, ys, out, bool(base)
 
 

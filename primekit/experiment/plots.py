@@ -37,13 +37,14 @@ def _key(logs: list[RunLog], prefix: str) -> str | None:
     return keys[0] if keys else None
 
 
-def band(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-    """Over runs: the steps all runs share, the mean and the 95% t-interval at each of them.
+def band(series: list[tuple[np.ndarray, np.ndarray]], metric: str = "") -> tuple[np.ndarray, ...]:
+    """Over runs: the steps all runs share, the mean and the 95% t-interval at each of them (cut
+    to [0, 1] for a share, `stats.mean_interval`).
     Shapes: each run's (steps [T_i], values [T_i]) -> steps [T], mean [T], lo [T], hi [T]."""
     common = sorted(set.intersection(*(set(s.tolist()) for s, _ in series)))
     rows = np.array([[dict(zip(s.tolist(), v.tolist()))[c] for c in common]
                      for s, v in series])  # [runs, T]
-    ivs = [stats.t_interval(rows[:, j]) for j in range(len(common))]
+    ivs = [stats.mean_interval(rows[:, j], metric) for j in range(len(common))]
     return (np.array(common), np.array([i.value for i in ivs]), np.array([i.lo for i in ivs]),
             np.array([i.hi for i in ivs]))
 
@@ -77,7 +78,7 @@ def plot_all(spec: Spec, logs: dict[tuple[str, str], list[RunLog]], out: Path) -
                 per_step = not key.startswith("eval/")
                 series = [(g.series[key][0], stats.smooth(g.series[key][1], window)
                            if per_step else g.series[key][1]) for g in gs]
-                x, mean, lo, hi = band(series)
+                x, mean, lo, hi = band(series, key)
                 if by_time:
                     if not all(TRAIN_SECONDS in g.series for g in gs):
                         continue

@@ -240,7 +240,8 @@ def drift_lines(spec: Spec, logs: dict[tuple[str, str], list[RunLog]]) -> list[s
                     continue
                 first, last = zip(*pairs)
                 change = stats.t_interval([b - a for a, b in pairs])
-                cells.append(f"{stats.t_interval(first).fmt()} -> {stats.t_interval(last).fmt()}"
+                cells.append(f"{stats.mean_interval(first, key).fmt()} -> "
+                             f"{stats.mean_interval(last, key).fmt()}"
                              f"; change {change.value:+.3f} [{change.lo:+.3f}, {change.hi:+.3f}]"
                              if len(pairs) > 1 else
                              f"{first[0]:.3f} -> {last[0]:.3f} (n=1)")
@@ -416,7 +417,8 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
     lines += [f"- {r.task}, {r.treatment} vs {r.baseline}: {r.detail}" for r in rows if r.detail]
     lines += ["", "## Final metrics (mean [95% t-interval] over seeds, n seeds)", "",
               f"Per-step metrics: mean over the last {spec.window} steps of each run; eval/ "
-              "metrics: the final evaluation; train seconds: the sum of timing/step.", ""]
+              "metrics: the final evaluation; train seconds: the sum of timing/step. Intervals "
+              "of shares (accuracies, rates) are cut to [0, 1].", ""]
     keys = ([v.metric for v in spec.verdicts]  # the verdicts' metrics first, then the usual ones
             + [k for prefix in TABLE_METRICS for k in match_keys(all_logs, prefix)]
             + [TRAIN_SECONDS])
@@ -430,7 +432,7 @@ def write_report(spec: Spec, out_dir: Path, *, plots: bool = True) -> Path:
             for k in keys:
                 vals = [x for g in gs if (x := g.final(k, spec.window)) is not None
                         and math.isfinite(x)]
-                cells.append(stats.t_interval(vals).fmt() if vals else "-")
+                cells.append(stats.mean_interval(vals, k).fmt() if vals else "-")
             lines.append(f"| {arm} | {len(gs)} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += per_seed_lines(spec, logs)

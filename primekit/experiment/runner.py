@@ -212,14 +212,16 @@ def progress(spec: Spec, out_dir: Path) -> tuple[int, int]:
 
 
 def check_finished_config(run: Run, cfg: Config) -> None:
-    """A finished run must have been trained with this spec's config for it (up to the fields a
-    resume may change): a run left by an edited spec is refused, not silently reused."""
+    """A finished (or resumable) run must have been trained with this spec's config for it, up
+    to the fields a resume may change other than the evaluation's: a run left by an edited spec
+    is refused, not silently reused, and its evaluations are the ones the report says."""
     from primekit.trainer.rundir import config_changes
 
     _, saved = stored_run(run.run_dir)
     if saved is None:
         return
-    refused, _ = config_changes(saved, cfg.to_dict())
+    refused, allowed = config_changes(saved, cfg.to_dict())
+    refused += [change for change in allowed if change.startswith("eval.")]
     if refused:
         raise SpecError(f"run {run.run_id}: {run.run_dir} was trained with another config than "
                         f"the spec now gives ({'; '.join(refused[:3])}); give a new --out or "
@@ -493,7 +495,7 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
         if records is not None:
             _restore_records(spec, out_dir, runs, configs, states, records)
         for r in runs:
-            if states[r.run_id] == FINISHED:
+            if states[r.run_id] in (FINISHED, RESUME):
                 check_finished_config(r, configs[r.run_id])
         todo = [r for r in runs if states[r.run_id] != FINISHED]
         if max_runs is not None:
@@ -517,21 +519,24 @@ def run_experiment(spec: Spec, out_dir: Path, *, parallel: int = 1, in_process: 
 
 
 def check_model_paths(todo: list[Run], configs: dict[str, Config], out_dir: Path) -> None:
-    """Refuse, before any run starts, a run to train whose models are local paths that do not
-    exist (after the spec's `prepare` steps): otherwise every run of that task or arm would fail
-    one by one, each after the runs before it trained. Paths under `out_dir` may be made by the
-    experiment's own runs and are left to the run; hub ids are left to `from_pretrained`."""
-    from primekit.models.hf import check_model_path
-    from primekit.validate import model_roles
+    """Refuse, before any run starts, a run to train whose models are neither local model
+    directories (after the spec's `prepare` steps) nor hub ids that are cached or that the hub
+    confirms: otherwise every run of that task or arm would fail one by one, each after the runs
+    before it trained. Paths under `out_dir` may be made by the experiment's own runs and are
+    left to the run. Relative paths are relative to the directory primekit runs in."""
+    from primekit.validate import check_model_dir, model_roles
 
     out = out_dir.resolve()
+    checked = set()
     for run in todo:
         cfg = configs[run.run_id]
         for field, path in {"model.policy": cfg.model.policy, **model_roles(cfg)}.items():
-            if path is None or out in Path(path).expanduser().resolve().parents:
+            if (path is None or (field, path) in checked
+                    or out in Path(path).expanduser().resolve().parents):
                 continue
+            checked.add((field, path))
             try:
-                check_model_path(path, field)
+                check_model_dir(path, field)
             except ConfigError as e:
                 raise SpecError(f"run {run.run_id}: {e} (nothing was started; a `prepare` step "
                                 "of the spec can make it)") from None
@@ -555,6 +560,24 @@ class _Fingerprints:
 def _needs(spec: Spec, run: Run) -> frozenset[str]:
     """The metrics this spec's verdicts read of `run`'s arm."""
     return frozenset(v.metric for v in spec.verdicts if any(run.arm in pair for pair in v.compare))
+
+
+def unlogged_metric(spec: Spec, run: Run) -> tuple[str, bool] | None:
+    """A metric a verdict reads of `run`'s arm that the finished `run` never logged: (message,
+    whether it is a typo: a logged key is close to it). A typo stops the experiment before it
+    trains the rest for a verdict that cannot be computed; another metric may be logged only by
+    some runs (a rare event), so it is a warning."""
+    import difflib
+
+    logged = _logged_keys(run.run_dir)
+    for metric in sorted(_needs(spec, run) - logged):
+        close = difflib.get_close_matches(metric, sorted(logged), n=1, cutoff=0.8)
+        if close:
+            return (f"verdict metric {metric!r}: run {run.run_id} logs no such metric; did you "
+                    f"mean {close[0]!r}? (docs/metrics.md lists them)", True)
+        return (f"warning: verdict metric {metric!r}: finished run {run.run_id} never logged it; "
+                f"its verdict will be inconclusive unless other runs do (docs/metrics.md)", False)
+    return None
 
 
 def _share(spec: Spec, out_dir: Path, runs: list[Run], configs: dict[str, Config],
@@ -768,6 +791,22 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
     threads = threads_per_run(parallel)
     queue = list(todo)
     running: list[tuple[Run, Launch]] = []
+    typo: list[str] = []  # a verdict metric no run logs, with a logged key close to it
+    warned: set[str] = set()
+
+    def check_metrics(run: Run) -> None:
+        problem = unlogged_metric(spec, run)
+        if problem is None or problem[0] in warned:
+            return
+        warned.add(problem[0])
+        if problem[1]:
+            typo.append(problem[0])
+            queue.clear()  # the runs already going finish; no new one starts
+        display.event(problem[0] if not problem[1] else f"{problem[0]}: no further run starts")
+
+    for run in spec.runs(out_dir):
+        if result.get(run.run_id) == FINISHED:
+            check_metrics(run)
 
     def finish(run: Run, launch: Launch, rc: int) -> None:
         _record(out_dir, launch, rc)
@@ -778,6 +817,7 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
             if on_finished is not None:
                 on_finished(run)
             display.event(f"finished {run.run_id} ({time.time() - launch.start:.0f} s)")
+            check_metrics(run)
         else:
             display.failed += 1
             result[run.run_id] = f"failed (rc {rc})"
@@ -811,6 +851,9 @@ def _loop(spec, out_dir, todo, states, result, display, parallel, in_process, on
             if running:
                 display.tick()
                 time.sleep(0.5)
+        if typo:
+            raise SpecError(f"{spec.path or spec.name}: {typo[0]}; correct the spec's verdict and "
+                            f"run the same command again (finished runs are kept)")
     except KeyboardInterrupt:
         def forward(signum=None, frame=None) -> None:
             for _, launch in running:  # a SIGINT each: the trainer checkpoints and exits

@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from primekit.config import Config, ConfigError, load_config, resolve_config
+from primekit.config import Config, ConfigError, load_config, load_yaml, resolve_config
 from primekit.experiment.records import ROUNDING
 
 # The packaged specs, found by name with `primekit experiment NAME`.
@@ -303,6 +304,41 @@ def _arm_overrides(raw: Any, where: str, err, tasks: list[str]
     return _overrides(common, where, err), per_task
 
 
+# Set by the experiment for each run (`Spec.runs`): a spec that sets them would be overridden.
+_RUN_FIELDS = {"train.seed": "the spec's seeds", "train.run_dir": "the experiment's --out"}
+# Free text, where braces are the user's own; in every other value `{name}` is a placeholder.
+_FREE_TEXT = ("model.system_prompt", "live.pattern", "hack_check.separator")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _check_layers(arms: dict[str, list[str]], arm_tasks: dict[str, dict[str, list[str]]],
+                  tasks: dict[str, list[str]], common: list[str], err) -> None:
+    """Overrides that would silently not do what they say: a field the experiment sets for each
+    run, a placeholder other than {task}, and two arms that would train the same runs."""
+    layers = [("overrides", common), *((f"tasks.{t}", o) for t, o in tasks.items()),
+              *((f"arms.{a}", o) for a, o in arms.items()),
+              *((f"arms.{a}", o) for a, per in arm_tasks.items() for o in per.values())]
+    for where, ovr in layers:
+        for text in ovr:
+            key, _, value = text.partition("=")
+            key = key.strip()
+            if key in _RUN_FIELDS:
+                raise err(f"{where}.{key}: set by the experiment for each run (from "
+                          f"{_RUN_FIELDS[key]}); remove it")
+            unknown = [m for m in _PLACEHOLDER.findall(value) if m != "task"]
+            if unknown and key not in _FREE_TEXT:
+                raise err(f"{where}.{key}: unknown placeholder {{{unknown[0]}}} in {value!r}; "
+                          f"the only one is {{task}} (the task family's name)")
+    seen: dict[str, str] = {}
+    for arm in arms:
+        same = json.dumps([sorted(arms[arm]), sorted((t, sorted(o)) for t, o in
+                                                     arm_tasks.get(arm, {}).items())])
+        if same in seen:
+            raise err(f"arms.{arm}: the same overrides as arm {seen[same]!r}; the two arms would "
+                      f"train the same runs")
+        seen[same] = arm
+
+
 def packaged_specs() -> list[str]:
     return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
 
@@ -328,7 +364,7 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
         return SpecError(f"{path}: {msg}")
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -349,10 +385,13 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
     arms = data["arms"]
     if not isinstance(arms, dict) or len(arms) < 2:
         raise err(f"arms: expected a mapping of at least two arm names to overrides, got {arms!r}")
-    tasks_raw = data.get("tasks") or {"default": {}}
-    if not isinstance(tasks_raw, dict):
+    tasks_raw = data["tasks"] if data.get("tasks") is not None else {"default": {}}
+    if not isinstance(tasks_raw, dict) or not tasks_raw:
         raise err(f"tasks: expected a mapping of task family names to overrides, got {tasks_raw!r}")
     tasks = {str(t): _overrides(o, f"tasks.{t}", err) for t, o in tasks_raw.items()}
+    for a, o in arms.items():
+        if o is None:
+            raise err(f"arms.{a}: no overrides given (write {{}} for the base config as it is)")
     parsed = {str(a): _arm_overrides(o, f"arms.{a}", err, list(tasks)) for a, o in arms.items()}
     arm_ovr = {a: common for a, (common, _) in parsed.items()}
     arm_tasks = {a: per_task for a, (_, per_task) in parsed.items() if per_task}
@@ -361,6 +400,8 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
         if bad:
             raise err(f"{what}.{bad[0]}: a name must be non-empty, without '/', '--' or a "
                       f"leading '.'")
+    common = _overrides(data.get("overrides"), "overrides", err)
+    _check_layers(arm_ovr, arm_tasks, tasks, common, err)
     seeds = data["seeds"]
     if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
         seeds = list(range(seeds))
@@ -378,7 +419,7 @@ def load_spec(name: str | Path, *, check_runs: bool = True) -> Spec:
     spec = Spec(
         name=data["name"], claim=data["claim"].strip(), base=data["base"], arms=arm_ovr,
         seeds=seeds, verdicts=verdicts, paper=str(data.get("paper") or "").strip(),
-        overrides=_overrides(data.get("overrides"), "overrides", err), tasks=tasks,
+        overrides=common, tasks=tasks,
         sft=None if sft is None or sft is False else _overrides(sft if sft is not True else {},
                                                                 "sft", err),
         budget=str(data.get("budget") or "").strip(), path=path,
@@ -429,6 +470,8 @@ def _verdict(raw: Any, where: str, arms: dict[str, list[str]], err) -> Verdict:
         for arm in pair:
             if arm not in arms:
                 raise err(f"{where}.compare: {arm!r} is not an arm; arms: {list(arms)}")
+        if pair[0] == pair[1]:
+            raise err(f"{where}.compare: [{pair[0]}, {pair[1]}] compares an arm with itself")
     for key in ("boundary", "min_effect"):
         value = getattr(v, key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -515,6 +558,12 @@ def _grid(raw: Any, arms: dict[str, list[str]], err) -> Grid:
     return grid
 
 
+def _names(key: str, named: list[str]) -> bool:
+    """Whether override `key` (section.field) is what an error names: the field, or its section
+    (an unknown section is named alone)."""
+    return key in named or key.split(".", 1)[0] in named
+
+
 def _check_runs(spec: Spec, err) -> None:
     """Build each task x arm config once (seeds and run directories cannot make one invalid); an
     error is attributed to the layer that sets the field it names (the arm's, then the task's,
@@ -535,7 +584,7 @@ def _check_runs(spec: Spec, err) -> None:
                 where = f"task {task}, arm {arm}"
                 for layer, ovr in ((f"arms.{arm}", arm_ovr), (f"tasks.{task}", task_ovr),
                                    ("overrides", spec.overrides)):
-                    if any(o.split("=", 1)[0].strip() in named for o in ovr):
+                    if any(_names(o.split("=", 1)[0].strip(), named) for o in ovr):
                         where = layer
                         break
                 raise err(f"{where}: {e}") from None

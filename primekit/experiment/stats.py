@@ -32,6 +32,26 @@ class Interval:
         return f"{self.value:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
 
 
+# Metrics that are shares of responses, problems or pairs, so lie in [0, 1]. Over few seeds a
+# t-interval of their mean can reach past that range (0.81 +- 0.79 with two seeds); the report and
+# the plots cut such an interval to [0, 1] (`mean_interval`), and say so.
+SHARE_METRICS = ("eval/pass@", "eval/avg@", "eval/maj", "eval/error_rate", "eval/trace_error",
+                 "prm/acc", "reward/outcome_mean", "filter/keep")
+
+
+def is_share(metric: str) -> bool:
+    return metric.startswith(SHARE_METRICS)
+
+
+def mean_interval(values: Sequence[float], metric: str, level: float = 0.95) -> Interval:
+    """`t_interval` of a metric's per-seed values, cut to [0, 1] for a share (`SHARE_METRICS`).
+    Shapes: values [n]."""
+    iv = t_interval(values, level)
+    if not is_share(metric) or not math.isfinite(iv.lo):
+        return iv
+    return Interval(iv.value, max(iv.lo, 0.0), min(iv.hi, 1.0), iv.n)
+
+
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the regularised incomplete beta function (Lentz's method; Numerical
     Recipes 3rd ed., Sec. 6.4)."""

@@ -121,6 +121,21 @@ def test_experiment_runs_resumes_and_reports(tiny_model_dir, tmp_path):
     with pytest.raises(SpecError, match=r"run default--prime--s0: .* was trained with another "
                                         r"config .*prm.beta 0.05 -> 0.1"):
         run_experiment(edited, out, in_process=main)
+    # ... nor runs evaluated otherwise: the report would state settings they never ran with
+    edited = load_spec(write_spec(tmp_path / "edited.yaml", tiny_model_dir, overrides={
+        **SMALL, "model.policy": str(tiny_model_dir), "eval.num_problems": 3}))
+    with pytest.raises(SpecError, match=r"run default--prime--s0: .* was trained with another "
+                                        r"config .*eval.num_problems 4 -> 3"):
+        run_experiment(edited, out, in_process=main)
+    # A verdict metric no run logs, close to one they do (a typo), stops the experiment with a
+    # suggestion before it trains anything more for a verdict that cannot be computed.
+    edited = load_spec(write_spec(tmp_path / "edited.yaml", tiny_model_dir, verdict={
+        "rule": "difference", "metric": "reward/outcome_mean_sampld",
+        "compare": [["prime", "rloo"]], "window": 2}))
+    with pytest.raises(SpecError, match=r"verdict metric 'reward/outcome_mean_sampld': run "
+                                        r"default--prime--s0 logs no such metric; did you mean "
+                                        r"'reward/outcome_mean_sampled'\?"):
+        run_experiment(edited, out, in_process=main)
 
 
 def test_cli_experiment_with_sft_per_task_family(tmp_path):
@@ -164,6 +179,30 @@ def test_a_missing_model_path_is_refused_before_any_run_starts(tiny_model_dir, t
                        f"'{missing}' does not exist \\(nothing was started"):
         run_experiment(spec, tmp_path / "exp", in_process=main, on_launch=launches.append)
     assert launches == []
+
+
+def test_a_missing_relative_model_path_is_refused_in_one_request(tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
+    # `my_runs/sft` (one slash, not there) reads as a hub id: each run used to retry the hub for
+    # 50 s, then fail, one after another. Now one request (offline here) refuses it at once.
+    import huggingface_hub
+
+    asked = []
+
+    def model_info(name, timeout=None):
+        asked.append(name)
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", model_info)
+    spec = load_spec(write_spec(tmp_path / "spec.yaml", tiny_model_dir, arms={
+        "prime": {"model.prm": "my_runs/sft"}, "rloo": {"algorithm.reward_mode": "outcome"}}))
+    launches = []
+    with pytest.raises(SpecError, match="run default--prime--s0: model.prm: 'my_runs/sft' is no "
+                       "local directory and no cached hub model, and the hub cannot confirm it "
+                       "\\(ConnectionError\\); check the path, or download the model first "
+                       "\\(nothing was started"):
+        run_experiment(spec, tmp_path / "exp", in_process=main, on_launch=launches.append)
+    assert launches == [] and asked == ["my_runs/sft"]
 
 
 @pytest.mark.slow

@@ -87,10 +87,30 @@ def test_a_good_spec_expands_into_tasks_x_seeds_x_arms(tmp_path):
     ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["acc"]}}, "map.metrics: expected a list"),
     ({"map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["m/x"], "baseline": "ppo"}},
      "map.baseline: 'ppo' is not an arm"),
-    ({"arms": {"p": {"prm.lr": 0.001, "prm.beta": 0.1}, "q": {"prm.lr": 0.001, "prm.beta": 0.1}},
+    ({"arms": {"p": {"prm.lr": 0.001, "prm.beta": 0.1},
+               "q": {"prm.lr": 0.001, "prm.beta": 0.1, "prm.weight_decay": 0.01}},
       "verdict": {"metric": "m/x", "compare": [["p", "q"]]},
       "map": {"x": "prm.lr", "y": "prm.beta", "metrics": ["m/x"]}},
      "map: arms 'p' and 'q' are the same cell prm.lr=0.001, prm.beta=0.1"),
+    # Mistakes that used to pass silently (a new user's walkthrough, 2026-12-08):
+    ({"arms": {"prime": {}, "rloo": None}},
+     "arms.rloo: no overrides given (write {} for the base config as it is)"),
+    ({"arms": {"prime": {"train.seed": 7}, "rloo": {"algorithm.reward_mode": "outcome"}}},
+     "arms.prime.train.seed: set by the experiment for each run (from the spec's seeds)"),
+    ({"overrides": {"model.prm": "runs/{taskk}/prm"}},
+     "overrides.model.prm: unknown placeholder {taskk} in 'runs/{taskk}/prm'; the only one is "
+     "{task}"),
+    ({"tasks": {}}, "tasks: expected a mapping of task family names to overrides, got {}"),
+    ({"arms": {"prime": {}, "rloo": {}}},
+     "arms.rloo: the same overrides as arm 'prime'; the two arms would train the same runs"),
+    ({"verdict": {"metric": "eval/pass@1_greedy", "compare": [["prime", "prime"]]}},
+     "verdict.compare: [prime, prime] compares an arm with itself"),
+    ({"overrides": {"train.steps": True}},
+     "overrides: train.steps: expected int, got True (true and false are for switches)"),
+    ({"overrides": {"train.steps": 4, "nosection.x": 1}},
+     "overrides: nosection: unknown section 'nosection'"),
+    ({"tasks": {"arith": {"nosection.x": 1}, "chains": {}}},
+     "tasks.arith: nosection: unknown section 'nosection'"),
 ])
 def test_spec_errors_are_one_line_naming_the_key(tmp_path, changes, message):
     path = write(tmp_path, **changes)
@@ -100,6 +120,23 @@ def test_spec_errors_are_one_line_naming_the_key(tmp_path, changes, message):
     assert "\n" not in text
     assert text.startswith(f"{path}: ")
     assert message in text
+
+
+@pytest.mark.parametrize("text, line, key", [
+    # the second `prime` would silently replace the first: RLOO against RLOO, labelled PRIME
+    ("arms:\n  prime: {algorithm.reward_mode: prime}\n  rloo: {algorithm.reward_mode: outcome}\n"
+     "  prime: {algorithm.reward_mode: outcome}\n", 4, "prime"),
+    ("overrides: {train.steps: 2, train.steps: 3}\n", 1, "train.steps"),
+])
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path, text, line, key):
+    good = {k: v for k, v in GOOD.items() if k not in ("arms", "overrides")}
+    if "arms" not in text:
+        good["arms"] = GOOD["arms"]
+    path = tmp_path / "spec.yaml"
+    path.write_text(text + yaml.safe_dump(good))
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert str(e.value) == f"{path}: not valid YAML at line {line}: key {key!r} given twice"
 
 
 def test_an_arm_value_per_task_family_lands_only_in_that_family(tmp_path):
@@ -133,6 +170,8 @@ def test_cli_spec_error_exits_2_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert err.startswith("primekit: configuration error: ") and "arms.prime: prm.betta" in err
+    assert main(["experiment", str(write(tmp_path)), "--max-runs", "-1"]) == 2  # was: all but 1
+    assert "--max-runs: expected at least 0, got -1" in capsys.readouterr().err
     assert main(["experiment", "no-such-spec"]) == 2
     assert "neither a spec file nor a packaged spec" in capsys.readouterr().err
     good = write(tmp_path)
@@ -157,6 +196,15 @@ MORE_SEEDS_SPECS = {"demo-prime-vs-rloo-6-seeds": "demo-prime-vs-rloo",
 # common overrides it may change: settings chosen for that family on tuning seeds).
 MORE_FAMILIES_SPECS = {"demo-prime-vs-rloo-rgym": ("demo-prime-vs-rloo", ()),
                        "demo-prime-vs-rloo-rgym-lr3e-5": ("demo-prime-vs-rloo", ("policy.lr",))}
+
+
+def test_list_with_specs_shows_those(tmp_path, capsys):
+    # `primekit experiment my.yaml --list` used to ignore the file and list the packaged specs
+    path = write(tmp_path)
+    assert main(["experiment", str(path), "prm-init", "--list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":", 1)[0] for line in lines] == ["demo-exp", "prm-init"]
+    assert lines[0].endswith("(2 arms x 3 seeds x 2 tasks = 12 runs)")
 
 
 def test_list_shows_every_packaged_spec_and_each_validates(capsys):

@@ -317,7 +317,8 @@ def test_start_and_end_of_a_per_step_verdict_metric_by_hand(tmp_path):
     assert "eval/pass@1_greedy" not in text  # a final evaluation has no start
     assert ("| online | 0.600 [0.600, 0.600] -> 0.800 [0.800, 0.800]; change +0.200 "
             "[+0.200, +0.200] |") in text
-    assert "| frozen | 0.800 [0.552, 1.048] -> 0.600 [0.600, 0.600]; change -0.200 " \
+    # (the first window's interval, 0.8 +- 0.248 = [0.552, 1.048], is an accuracy's: cut at 1)
+    assert "| frozen | 0.800 [0.552, 1.000] -> 0.600 [0.600, 0.600]; change -0.200 " \
         "[-0.448, +0.048] |" in text
     # Runs shorter than two windows say nothing of a start and an end.
     short = {("default", "online"): [RunLog(series={"prm/acc_pairwise": (
@@ -357,3 +358,16 @@ def test_collapse_table_replays_the_accuracy_light(tmp_path):
     assert "| b | red at some step in 1 of 2 (first at step 20); at the end 1 red, 1 green |" in text
     # No run logs the key: no section.
     assert collapse_lines(spec, {("default", "a"): [RunLog(series={})]}) == []
+
+
+def test_a_share_interval_is_cut_to_its_range():
+    # two seeds 0.9 and 1.0: mean 0.95, s = 0.1 / sqrt(2) = 0.07071, t_{0.975, 1} = 12.706,
+    # half-width 12.706 * 0.07071 / sqrt(2) = 0.6353 -> [0.3147, 1.5853], which for an accuracy
+    # is cut to [0.3147, 1]; a length keeps its interval as computed
+    iv = stats.mean_interval([0.9, 1.0], "eval/pass@1_greedy")
+    assert (iv.value, iv.hi, iv.n) == (pytest.approx(0.95), 1.0, 2)
+    assert iv.lo == pytest.approx(0.95 - 0.6353, abs=1e-4)
+    raw = stats.mean_interval([0.9, 1.0], "eval/response_len")
+    assert raw.hi == pytest.approx(0.95 + 0.6353, abs=1e-4)
+    assert stats.mean_interval([-0.1, 0.1], "prm/acc_pairwise").lo == 0.0
+    assert stats.mean_interval([0.5], "prm/acc_abs").fmt() == "0.500 (n=1)"  # no spread: as is

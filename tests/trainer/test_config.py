@@ -57,6 +57,13 @@ def test_yaml_then_overrides(tmp_path):
         ("prm.overlap=true", "prm.overlap: unknown field 'overlap'"),
         ("explicit.dense_coef=1", "explicit.dense_coef: unknown field 'dense_coef'"),
         ("prm=0.1", "prm: keys have the form section.field"),
+        # pydantic alone takes true as 1 for a number: `train.steps=true` trained one step
+        ("train.steps=true", "train.steps: expected int, got True (true and false are for "
+                             "switches)"),
+        ("prm.beta=false", "prm.beta: expected float, got False"),
+        ("model.prm=true", "model.prm: expected str or null, got True"),
+        ("algorithm.estimator=true", "algorithm.estimator: expected one of 'rloo', 'grpo', "
+                                     "'reinforce', 'ppo', 'prime-value', got True"),
     ],
 )
 def test_bad_values_name_the_field(override, message):
@@ -78,6 +85,15 @@ def test_bad_yaml_names_the_field_and_the_file(tmp_path):
     path.write_text("prm: {beta: 0.1\n")
     with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: not valid YAML at line 2"):
         load_config(path)
+    # A key given twice: plain YAML keeps the last silently; here it is refused with its line.
+    path.write_text("prm:\n  beta: 0.1\n  lr: 1.0e-3\n  beta: 0.2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: not valid YAML at line 4: key 'beta' given twice"
+    # ... while a switch takes true and false, and a merge key may be overridden
+    path.write_text("train: &t {compile: true}\nfilter: {enabled: false}\n")
+    cfg = load_config(path)
+    assert (cfg.train.compile, cfg.filter.enabled) == (True, False)
 
 
 def test_choices_and_new_fields_parse_from_overrides():
