@@ -136,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "data":
             from primekit.data.check import run_check
+            from primekit.verifiers.math import gold_problem
 
-            return run_check(args.file, task=args.task)
+            return run_check(args.file, task=args.task, gold=gold_problem)
         if args.command == "demo":
             from primekit.demo import run_demo
 

@@ -538,7 +538,8 @@ class VizConfig:
     temperature: NonNegativeFloat = 1.0  # sampling temperature of heatmap and rerank
     # Random subsets of size N drawn (per problem) from the largest N's samples, per N < max.
     rerank_draws: Positive = 32
-    rerank_ns: list[Positive] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    rerank_ns: Annotated[list[Positive], Field(min_length=1)] = field(
+        default_factory=lambda: [1, 2, 4, 8, 16])
     seed: int = 0
 
 

@@ -10,6 +10,7 @@ step run one after another, so their transients never coexist.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from math import ceil
 from pathlib import Path
@@ -21,9 +22,6 @@ from primekit.models import memory as mem
 from primekit.rollout.batching import PACKED_ROW_FACTORS
 from primekit.trainer.collect import MIN_PASS_RATE, round_prompts
 
-# vLLM's own default for `gpu_memory_utilization` (the share of GPU memory it reserves for its
-# weights and KV cache), used while the config has no field for it.
-VLLM_GPU_MEMORY_UTILIZATION = 0.9
 MAX_GPUS = 1024  # the "more GPUs" search stops here
 NOT_COUNTED = "not counted"
 
@@ -148,9 +146,9 @@ def build_plan(cfg: Config, shape: mem.ModelShape, *, gpus: int, gpu_mem_gib: fl
     Every model is assumed to have the policy's architecture (PRIME initialises the PRM,
     reference and critic from the policy's checkpoint).
     """
-    if gpus < 1 or prompt_len < 1 or gpu_mem_gib <= 0:
-        raise ConfigError(f"--gpus, --prompt-len and --gpu-mem must be positive, got {gpus}, "
-                          f"{prompt_len}, {gpu_mem_gib}")
+    if gpus < 1 or prompt_len < 1 or not 0 < gpu_mem_gib < math.inf:  # nan fails both
+        raise ConfigError(f"--gpus, --prompt-len and --gpu-mem must be positive (and finite), "
+                          f"got {gpus}, {prompt_len}, {gpu_mem_gib}")
     a = cfg.algorithm
     plan = Plan(gpus=gpus, gpu_mem=gpu_mem_gib * mem.GIB)
     critic = ESTIMATORS[a.estimator].critic
@@ -223,10 +221,11 @@ def _rollout_phase(plan: Plan, cfg: Config, shape: mem.ModelShape, prompt_len: i
     weights and KV cache together."""
     cb = mem.DTYPE_BYTES[cfg.model.dtype]
     if cfg.rollout.backend == "vllm":
-        util = getattr(cfg.rollout, "gpu_memory_utilization", VLLM_GPU_MEMORY_UTILIZATION)
+        util = cfg.rollout.vllm_gpu_memory_utilization
         engine = util * plan.gpu_mem
         plan.persistent.append(("rollout: vLLM reservation", engine,
-                                f"gpu_memory_utilization {util}: weights + KV cache"))
+                                f"rollout.vllm_gpu_memory_utilization {util}: weights + KV "
+                                f"cache"))
         plan.phases["rollout"] = [("KV cache", 0.0, "inside the vLLM reservation")]
         return engine
     engine = mem.model_params(shape) * cb

@@ -188,6 +188,10 @@ def test_cli_prints_the_plan_for_paper_7b(qwen2_7b_dir, capsys):
     # paper-7b.yaml packs (69.44 GiB: test_paper_7b_packed_plan_by_hand).
     assert rc == 0 and "peak 69.44 GiB per GPU (policy update)" in out and ": fits" in out
     assert "packed: 32768 tokens in rows of <= 8192" in out
+    for bad in ("nan", "inf"):  # nan planned "headroom nan GiB" and exited 0
+        rc = main(["plan", "--config", "paper-7b", "--gpus", "8", "--gpu-mem", bad,
+                   "--model-config", str(qwen2_7b_dir)])
+        assert rc == 2 and "--gpu-mem must be positive" in capsys.readouterr().err
 
 
 def test_unreadable_model_config_is_one_clear_line(tmp_path, capsys):
@@ -244,12 +248,14 @@ def test_models_held_follow_the_config(shape_7b):
     _, plan = _plan(shape_7b, "prm.update=frozen", "model.prm=some/prm")
     rows = dict((item, b) for item, b, _ in plan.persistent)
     assert rows["PRM: weights (bfloat16, frozen)"] == 2 * P / 8 and "PRM update" not in plan.phases
-    # Outcome-only RLOO: no PRM and no reference; vLLM reserves its default 0.9 of the GPU.
-    _, plan = _plan(shape_7b, "algorithm.reward_mode=outcome", "rollout.backend=vllm")
+    # Outcome-only RLOO: no PRM and no reference; vLLM reserves the config's share of the GPU
+    # (it read a field that does not exist and always planned vLLM's own default, 0.9).
+    _, plan = _plan(shape_7b, "algorithm.reward_mode=outcome", "rollout.backend=vllm",
+                    "rollout.vllm_gpu_memory_utilization=0.3")
     rows = dict((item, b) for item, b, _ in plan.persistent)
     assert set(rows) == {"policy: parameters (fp32 master)", "policy: gradients (fp32)",
                          "policy: AdamW state (fp32, 2 moments)", "rollout: vLLM reservation"}
-    assert rows["rollout: vLLM reservation"] == 0.9 * 80 * GIB
+    assert rows["rollout: vLLM reservation"] == 0.3 * 80 * GIB
 
 
 def test_rollout_rows_are_the_largest_round_capped_by_the_micro_batch():

@@ -3,7 +3,8 @@
 Formats: JSONL (.jsonl, .ndjson), parquet (.parquet) and a Hugging Face dataset saved with
 `save_to_disk` (a directory; a DatasetDict's splits are checked one after another). Each row is
 checked by the loader's own row check (primekit.data.files: primekit's schema, or the Eurus-2-RL
-schema of the PRIME paper's data) and ids must be unique, as `load_problems` requires. Unlike the
+schema of the PRIME paper's data) and ids must be unique, as `load_problems` requires; the CLI
+also has math-verify parse each math row's gold answer (`check_file(gold=...)`). Unlike the
 loader, the check goes on past a bad row, so it can count them all: it reports the rows, the valid
 rows per task and per schema, the number of bad rows and the first bad one (its line or row and
 the field). A file with a bad row, or no rows, is a bad file (exit 2).
@@ -11,9 +12,8 @@ the field). A file with a bad row, or no rows, is a bad file (exit 2).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from primekit.data.files import (
     DatasetError,
     _read_parquet,
     _row_to_problem,
+    jsonl_row,
 )
 
 
@@ -62,21 +63,12 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
     """Like files._read_jsonl, but an unreadable line is reported and the next one read."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            where = f"{path.name} line {lineno}"
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                yield where, "", f"{path.stem}-{lineno}", DatasetError(
-                    f"{where}: not valid UTF-8 (byte "
-                    f"0x{raw[err.start]:02x} at column {err.start + 1})")
-                continue
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                row = DatasetError(f"{where}: invalid JSON: {err.msg} (column {err.colno})")
-            yield where, "", f"{path.stem}-{lineno}", row
+                row = jsonl_row(raw, lineno, path.name)
+            except DatasetError as err:
+                row = err
+            if row is not None:
+                yield f"{path.name} line {lineno}", "", f"{path.stem}-{lineno}", row
 
 
 def _hf_disk_rows(path: Path) -> Iterator[Row]:
@@ -99,10 +91,13 @@ def is_saved_hf_dataset(path: Path) -> bool:
                                  ("dataset_info.json", "state.json", "dataset_dict.json"))
 
 
-def check_file(path: str | Path, *, task: str | None = None) -> CheckReport:
+def check_file(path: str | Path, *, task: str | None = None,
+               gold: Callable[[str], str | None] | None = None) -> CheckReport:
     """Check every row of a dataset file (see the module docstring). `task` is the default for
-    rows without one, as `data.task` is for training. A file that cannot be read at all raises
-    (FileNotFoundError, or ValueError with one line)."""
+    rows without one, as `data.task` is for training. `gold` says why a math row's gold answer
+    cannot be graded against, or None (the CLI passes math-verify's parser: this layer knows no
+    verifier). A file that cannot be read at all raises (FileNotFoundError, or ValueError with
+    one line)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"dataset file not found: {str(path)!r}")
@@ -138,6 +133,9 @@ def check_file(path: str | Path, *, task: str | None = None) -> CheckReport:
             eurus = isinstance(row, dict) and isinstance(row.get("reward_model"), dict) \
                 and "ability" in row
             problem = _row_to_problem(row, where, default_id, task)
+            reason = gold(problem.answer) if gold and problem.task == "math" else None
+            if reason:
+                raise DatasetError(f"{where}: {reason}")
             if (part, problem.id) in first_seen:
                 raise DatasetError(f"{where}: field 'id': duplicate id {problem.id!r} (first at "
                                    f"{first_seen[part, problem.id]})")
@@ -151,12 +149,13 @@ def check_file(path: str | Path, *, task: str | None = None) -> CheckReport:
     return report
 
 
-def run_check(path: str, *, task: str | None = None) -> int:
+def run_check(path: str, *, task: str | None = None,
+              gold: Callable[[str], str | None] | None = None) -> int:
     """`primekit data check FILE`: print the report; 0 for a good file, 2 for a bad one (the
-    first bad row, or "no rows", on stderr as one line)."""
+    first bad row, or "no rows", on stderr as one line). `gold` as for `check_file`."""
     import sys
 
-    report = check_file(path, task=task)
+    report = check_file(path, task=task, gold=gold)
     print("\n".join(report.lines()))
     if report.first_bad:
         more = (f" ({report.bad - 1} more bad row{'s' if report.bad > 2 else ''})"

@@ -39,6 +39,9 @@ def _check_python(source: str, what: str) -> None:
                          f"{source.strip()[:80]!r}") from None
     except ValueError as e:  # e.g. a null byte in the source
         raise ValueError(f"{what} is not valid Python: {e}") from None
+    except (MemoryError, RecursionError):  # `assert not not ... 1`, thousands deep
+        raise ValueError(f"{what} is nested too deeply for Python's compiler: "
+                         f"{source.strip()[:80]!r}") from None
 
 
 def normalize_tests(tests: Any) -> tuple[Mode, list[Any]]:

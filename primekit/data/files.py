@@ -158,6 +158,8 @@ def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> 
             raise DatasetError(
                 f"{where}: field '{name}' must be a string, got {_type_name(row[name])}"
             )
+    for name in ("prompt", "answer", "solution", "system_prompt"):
+        _check_unicode(row.get(name) if name != "answer" else answer, name, where)
     row_id = row.get("id")
     if row_id is None:
         row_id = default_id
@@ -177,6 +179,18 @@ def _row_to_problem(row: Any, where: str, default_id: str, task: str | None) -> 
         solution=row.get("solution"),
         meta={"location": where, **{k: v for k, v in row.items() if k not in KNOWN_FIELDS}},
     )
+
+
+def _check_unicode(text: Any, name: str, where: str) -> None:
+    """JSON's \\ud800 escapes decode to a lone surrogate, which no tokenizer can encode: refuse
+    it here, naming the row, rather than in the middle of a run."""
+    if not isinstance(text, str):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DatasetError(f"{where}: field '{name}' holds {text[e.start]!r} at character "
+                           f"{e.start + 1}, a lone surrogate (not valid Unicode text)") from None
 
 
 def _check_gradable(task: str, answer: str | None, tests: Any, row: dict, where: str,
@@ -204,21 +218,35 @@ def _check_gradable(task: str, answer: str | None, tests: Any, row: dict, where:
                            "dataset whose scorer grades the row)")
 
 
+def jsonl_row(raw: bytes, lineno: int, name: str) -> Any:
+    """One line of a JSONL file (`name` line `lineno`) as its JSON value, None for a blank line;
+    a DatasetError naming the line for anything that is not a JSON value."""
+    where = f"{name} line {lineno}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{where}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                           f"{err.start + 1})") from None
+    if lineno == 1:
+        line = line.removeprefix("\ufeff")  # a byte-order mark some editors write
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{where}: invalid JSON: {err.msg} (column {err.colno})") from None
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise DatasetError(f"{where}: {str(err).split(';')[0]}") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: JSON nested too deeply to read") from None
+
+
 def _read_jsonl(path: Path):
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DatasetError(f"{path.name} line {lineno}: not valid UTF-8 (byte "
-                                   f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DatasetError(f"{path.name} line {lineno}: invalid JSON: {err.msg}") from err
-            yield f"{path.name} line {lineno}", lineno, row
+            row = jsonl_row(raw, lineno, path.name)
+            if row is not None:
+                yield f"{path.name} line {lineno}", lineno, row
 
 
 def _read_parquet(path: Path):

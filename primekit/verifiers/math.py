@@ -161,6 +161,18 @@ def _parse_gold(gold: str) -> list:
     return _parse(gold)
 
 
+def gold_problem(answer: str) -> str | None:
+    """Why math-verify would grade every response to a row with this gold answer `error` (it
+    cannot parse it: `\\boxed{}`, `}{`), or None. For `primekit data check`."""
+    import logging
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    if _parse_gold(answer):
+        return None
+    return (f"field 'answer': math-verify cannot parse the gold answer {answer[:60]!r}, so every "
+            "response to the row would be graded error")
+
+
 def worker_init() -> None:
     """Pool-worker start-up: import sympy/math-verify and build its parsers once (about 1 s)."""
     import logging

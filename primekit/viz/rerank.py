@@ -166,8 +166,13 @@ def run_rerank(cfg, *, model: str, prm: str, ref: str | None, num_problems: int)
     title = f"best-of-N on {num_problems} held-out problems: PRM {prm}"
     print_table(title, rows)
     correct, pairs = pairwise_of(scored)
-    print(f"PRM pairwise accuracy on these samples: {correct / max(pairs, 1):.3f} over {pairs:.0f} "
-          f"pairs of one problem's samples with different scores (0.5: no better than chance)")
+    if pairs:
+        print(f"PRM pairwise accuracy on these samples: {correct / pairs:.3f} over {pairs:.0f} "
+              f"pairs of one problem's samples with different scores (0.5: no better than "
+              f"chance)")
+    else:
+        print("PRM pairwise accuracy on these samples: n/a (no problem has samples with "
+              "different scores)")
     out = Path(v.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rerank.json").write_text(json.dumps({"model": model, "prm": prm, "ref": scored.ref,

@@ -72,6 +72,44 @@ def test_rows_no_verifier_can_grade_are_bad_rows(tmp_path, capsys):
         "'tests', which the row does not have" in err
 
 
+def test_rows_that_broke_the_reader_are_bad_rows(tmp_path, capsys):
+    # The helper's walkthrough (2026-12-08): each of these was a traceback (exit 1) in `data
+    # check` and in training, or (the surrogate, the gold answer) passed the check and failed
+    # in the run; a byte-order mark on line 1 was refused.
+    lines = [
+        '{"prompt": "q", "answer": "1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"prompt": "q", "answer": ' + "9" * 5000 + "}",
+        '{"prompt": "q\\ud800x", "answer": "1"}',
+        json.dumps({"prompt": "q", "tests": ["assert " + "not " * 5000 + "1"]}),
+        json.dumps({"prompt": "q", "answer": "\\boxed{}"}),
+    ]
+    reasons = [
+        "JSON nested too deeply to read",
+        "Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits",
+        "field 'prompt' holds '\\ud800' at character 2, a lone surrogate (not valid Unicode "
+        "text)",
+        "field 'tests': test 1 is nested too deeply for Python's compiler: 'assert not not",
+        "field 'answer': math-verify cannot parse the gold answer '\\\\boxed{}', so every "
+        "response to the row would be graded error",
+    ]
+    for i, (line, reason) in enumerate(zip(lines, reasons)):
+        path = tmp_path / f"r{i}.jsonl"
+        path.write_text(line + "\n")
+        rc, out, err = run([str(path)], capsys)
+        assert rc == 2 and err.startswith(f"primekit: error: first bad row: r{i}.jsonl line 1: "
+                                          f"{reason}"), (i, err)
+    # the loader refuses the same rows by line, bar the gold answer (parsing every gold answer
+    # of a large file is the check's job, not every run's start)
+    from primekit.data.files import DatasetError, load_problems
+
+    for i in range(4):
+        with pytest.raises(DatasetError, match=f"r{i}.jsonl line 1: "):
+            load_problems(tmp_path / f"r{i}.jsonl")
+    path = tmp_path / "bom.jsonl"
+    path.write_text('{"prompt": "q", "answer": "1"}\n', encoding="utf-8-sig")
+    assert run([str(path)], capsys)[0] == 0 and load_problems(path)[0].prompt == "q"
+
+
 def test_invalid_utf8_json_and_duplicate_ids_are_bad_rows(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"prompt": "a", "answer": "1", "id": 7}\n{"prompt": "\xff"}\n'

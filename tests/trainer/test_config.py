@@ -61,6 +61,7 @@ def test_yaml_then_overrides(tmp_path):
         ("train.steps=true", "train.steps: expected int, got True (true and false are for "
                              "switches)"),
         ("prm.beta=false", "prm.beta: expected float, got False"),
+        ("viz.rerank_ns=[]", "viz.rerank_ns: List should have at least 1 item"),  # IndexError
         ("model.prm=true", "model.prm: expected str or null, got True"),
         ("algorithm.estimator=true", "algorithm.estimator: expected one of 'rloo', 'grpo', "
                                      "'reinforce', 'ppo', 'prime-value', got True"),

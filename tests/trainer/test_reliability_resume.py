@@ -338,3 +338,26 @@ def test_eval_model_hub_id_is_checked_in_one_request(monkeypatch):
                                           "hub has no model of that id"):
         check_eval_model("sfft")
     assert asked == [("sfft", 10)]  # one request with a timeout, no retries
+
+
+def test_a_training_model_that_is_no_directory_is_checked_in_one_request(monkeypatch):
+    # `model.prm=my_runs/prm` (a typo'd local path, shaped like a hub id) used to cost 30 s of
+    # transformers' retries and end in a traceback; `a/b/c` (no hub id) a line without the field.
+    import huggingface_hub
+
+    from primekit.validate import check_model_dir
+
+    asked = []
+
+    def model_info(name, timeout=None):
+        asked.append(name)
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", model_info)
+    with pytest.raises(ConfigError, match="^model.prm: 'my_runs/prm' is no local directory and no "
+                                          "cached hub model"):
+        check_model_dir("my_runs/prm", "model.prm")
+    with pytest.raises(ConfigError, match="^model.ref: model directory 'my_runs/sft/nope' does "
+                                          "not exist$"):
+        check_model_dir("my_runs/sft/nope", "model.ref")
+    assert asked == ["my_runs/prm"]
