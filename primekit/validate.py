@@ -61,9 +61,50 @@ def _check_safetensors(path: Path, field: str) -> None:
                           f"{e}") from None
 
 
-def check_model_dir(path: str | None, field: str, *, tokenizer: bool = False) -> None:
+# What a model directory must be for the field that names it (`check_model_dir(kind=...)`):
+# "lm" a language model (policy, reference, implicit PRM); "orm" / "prm" a reward model that
+# `primekit train-orm` / `train-prm` wrote (a scalar head on each token, and its training record).
+REWARD_MODEL_COMMAND = {"orm": "train-orm", "prm": "train-prm"}
+_RECORD_PREFIX = {"orm": "orm/", "prm": "step_prm/"}  # train_metrics.json summary keys
+
+
+def _check_kind(root: Path, path: str, field: str, kind: str) -> None:
+    """A reward model where a language model belongs, or the reverse, or an ORM where a step PRM
+    belongs: each loads (transformers initialises or drops the head) and then means nothing."""
+    try:
+        arch = json.loads((root / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return  # an unreadable config.json is transformers' to report
+    arch = [str(a) for a in arch]
+    scalar = any(a.endswith("ForTokenClassification") for a in arch)
+    lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in arch)
+    if kind == "lm" and scalar and not lm:
+        raise ConfigError(f"{field}: {path!r} is a reward model ({arch[0]}: a scalar per token), "
+                          f"not a language model")
+    if kind not in REWARD_MODEL_COMMAND:
+        return
+    command = REWARD_MODEL_COMMAND[kind]
+    if lm and not scalar:
+        raise ConfigError(f"{field}: {path!r} is a language model ({arch[0]}), not a reward "
+                          f"model: it has no trained score head (train one with primekit "
+                          f"{command})")
+    try:
+        summary = json.loads((root / "train_metrics.json").read_text()).get("summary", {})
+    except (OSError, ValueError, AttributeError):
+        return  # not trained by primekit: nothing says which kind it is
+    other = next((k for k in _RECORD_PREFIX if k != kind), None)
+    if other is not None and any(str(key).startswith(_RECORD_PREFIX[other]) for key in summary):
+        what = {"orm": "an outcome reward model (ORM)", "prm": "a step-level PRM"}
+        raise ConfigError(f"{field}: {path!r} is {what[other]} (primekit "
+                          f"{REWARD_MODEL_COMMAND[other]}), where {what[kind]} belongs "
+                          f"(primekit {command})")
+
+
+def check_model_dir(path: str | None, field: str, *, tokenizer: bool = False,
+                    kind: str | None = None) -> None:
     """A local model directory has a config.json, readable weights and (if `tokenizer`) tokenizer
-    files; a name that is no local path must be a hub id that is cached or that the hub confirms
+    files, and is the `kind` of model its field needs ("lm", "orm", "prm"; None: any); a name
+    that is no local path must be a hub id that is cached or that the hub confirms
     (`check_hub_model`: one request, instead of transformers' minute of retries on a typo)."""
     if path is None:
         return
@@ -84,6 +125,8 @@ def check_model_dir(path: str | None, field: str, *, tokenizer: bool = False) ->
             _check_safetensors(file, field)
     if tokenizer and not any((root / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{field}: {path!r} has no tokenizer (none of {list(TOKENIZER_FILES)})")
+    if kind is not None:
+        _check_kind(root, path, field, kind)
 
 
 def context_length(path: str, trust_remote_code: bool) -> int | None:
@@ -191,6 +234,13 @@ def model_roles(cfg: Config) -> dict[str, str | None]:
     return roles
 
 
+def role_kind(cfg: Config, field: str) -> str | None:
+    """The kind of model (`check_model_dir`) the config field `field` of `model_roles` names."""
+    if field == "explicit.model_path":
+        return "orm" if cfg.algorithm.reward_mode == "explicit-orm" else "prm"
+    return None if field == "model.critic" else "lm"  # a critic may start from either
+
+
 def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None) -> Inputs:
     """Check everything a training run reads, before any model is loaded; return the tokenizer,
     the problem splits and their prompts' token ids for the trainer.
@@ -201,9 +251,9 @@ def validated_inputs(cfg: Config, *, roles: dict[str, str | None] | None = None)
             policy (e.g. {"model.prm": ...}); the policy's directory must also hold a tokenizer.
     """
     check_runtime(cfg)
-    check_model_dir(cfg.model.policy, "model.policy", tokenizer=True)
+    check_model_dir(cfg.model.policy, "model.policy", tokenizer=True, kind="lm")
     for field, path in (roles or {}).items():
-        check_model_dir(path, field)
+        check_model_dir(path, field, kind=role_kind(cfg, field))
     try:
         tokenizer = load_tokenizer(cfg.model.policy, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as e:
@@ -271,7 +321,7 @@ def check_eval_model(path: str, field: str = "--model") -> None:
                           f"not a model directory; export it first (primekit export RUN_DIR), "
                           f"or evaluate RUN_DIR/final/policy of a finished run")
     if root.exists():
-        check_model_dir(path, field, tokenizer=True)
+        check_model_dir(path, field, tokenizer=True, kind="lm")
         return
     check_hub_model(path, field, "download the model first")
 

@@ -524,7 +524,7 @@ def check_model_paths(todo: list[Run], configs: dict[str, Config], out_dir: Path
     confirms: otherwise every run of that task or arm would fail one by one, each after the runs
     before it trained. Paths under `out_dir` may be made by the experiment's own runs and are
     left to the run. Relative paths are relative to the directory primekit runs in."""
-    from primekit.validate import check_model_dir, model_roles
+    from primekit.validate import check_model_dir, model_roles, role_kind
 
     out = out_dir.resolve()
     checked = set()
@@ -536,7 +536,7 @@ def check_model_paths(todo: list[Run], configs: dict[str, Config], out_dir: Path
                 continue
             checked.add((field, path))
             try:
-                check_model_dir(path, field)
+                check_model_dir(path, field, kind=role_kind(cfg, field))
             except ConfigError as e:
                 raise SpecError(f"run {run.run_id}: {e} (nothing was started; a `prepare` step "
                                 "of the spec can make it)") from None

@@ -254,7 +254,7 @@ def hack_check(cfg: Config) -> HackCheckResult:
 def _checked_settings(cfg: Config) -> tuple[str, str]:
     """The step-level PRM's path and the separator of inserted steps, or a ConfigError naming
     the setting that cannot work (before anything is loaded)."""
-    from primekit.models.hf import check_model_path
+    from primekit.validate import check_model_dir
 
     e = cfg.explicit
     separator = cfg.hack_check.separator
@@ -268,10 +268,10 @@ def _checked_settings(cfg: Config) -> tuple[str, str]:
     if e.model_path is None:
         raise ConfigError("explicit.model_path: hack-check needs a step-level PRM "
                           "(primekit train-prm)")
-    check_model_path(e.model_path, "explicit.model_path")
     if cfg.algorithm.reward_mode == "explicit-orm":
         raise ConfigError("algorithm.reward_mode: hack-check scores steps with a step-level PRM, "
                           "but reward_mode=explicit-orm makes explicit.model_path an ORM")
+    check_model_dir(e.model_path, "explicit.model_path", kind="prm")
     return e.model_path, separator
 
 

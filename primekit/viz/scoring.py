@@ -92,10 +92,11 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
     token by token by the implicit PRM `prm` against `ref` (default: the reference `prm` was
     trained against where its run recorded one, `trained_reference`; else `model`)."""
     from primekit.data.splits import encode_prompts, load_splits, verifier_task
-    from primekit.models.hf import check_model_path, load_model, load_tokenizer
+    from primekit.models.hf import load_model, load_tokenizer
     from primekit.rollout.base import SamplingParams
     from primekit.rollout.hf import HFRolloutEngine
     from primekit.runtime import model_dtype, resolve_device, set_threads
+    from primekit.validate import check_model_dir
     from primekit.verifiers import build_verifier
 
     set_threads(cfg.train.threads)
@@ -108,7 +109,7 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
                           markup=False, highlight=False)
     ref = ref or model
     for path, field in ((model, "--model"), (prm, "--prm"), (ref, "--ref")):
-        check_model_path(path, field)
+        check_model_dir(path, field, tokenizer=field == "--model", kind="lm")
     device = str(resolve_device(cfg.train.device))
     dtype = model_dtype(cfg.model.dtype)
     trust = cfg.model.trust_remote_code

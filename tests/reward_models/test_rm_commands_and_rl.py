@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,39 @@ def test_hack_check_command(work, capsys):
     assert all(r["PR-Clip"] <= 0 for r in report["rows"])
     assert (out / "hack_check.png").stat().st_size > 1000
     assert "PR-Clip-Delta" in capsys.readouterr().out
+
+
+def test_a_model_of_the_wrong_kind_is_refused_by_its_field(work, tiny_model_dir, capsys):
+    # The helper's walkthrough (2026-12-08): a language model as the explicit reward model (a
+    # fresh random score head) and an ORM given to hack-check both ran to the end, exit 0, on
+    # rewards that meant nothing; a reward model as the policy loaded with a warning.
+    from primekit import cli
+    from primekit.config import ConfigError, load_config
+    from primekit.factory import build_rl_trainer
+
+    root, common = work
+    assert cli.main(["hack-check", "--config", str(CONFIG), *common,
+                     f"explicit.model_path={root / 'orm'}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"primekit: configuration error: explicit.model_path: '{root / 'orm'}' is an outcome "
+        f"reward model (ORM) (primekit train-orm), where a step-level PRM belongs (primekit "
+        f"train-prm)")
+    assert cli.main(["hack-check", "--config", str(CONFIG), *common,
+                     f"explicit.model_path={tiny_model_dir}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"primekit: configuration error: explicit.model_path: '{tiny_model_dir}' is a language "
+        f"model (Qwen2ForCausalLM), not a reward model: it has no trained score head (train one "
+        f"with primekit train-prm)")
+    for extra, message in (
+            ([f"explicit.model_path={root / 'prm'}", "algorithm.reward_mode=explicit-orm",
+              "explicit.transform=none"], re.escape("is a step-level PRM (primekit train-prm), "
+                                                    "where an outcome reward model (ORM) belongs")),
+            ([f"explicit.model_path={tiny_model_dir}"], "is a language model"),
+            ([f"model.policy={root / 'prm'}", f"explicit.model_path={root / 'prm'}"],
+             "model.policy: .* is a reward model \\(Qwen2ForTokenClassification: a scalar per "
+             "token\\), not a language model")):
+        with pytest.raises(ConfigError, match=message):
+            build_rl_trainer(load_config(CONFIG, [*common, *extra]))
 
 
 def test_dispatch_leaves_other_commands_alone():

@@ -48,7 +48,7 @@ def generic(key: str) -> str:
     return re.sub(r"@\d+$", "@k", key)
 
 
-def variants(sft_dir: Path) -> dict[str, tuple[str, ...]]:
+def variants(sft_dir: Path, rm_dir: Path) -> dict[str, tuple[str, ...]]:
     return {
         "prime": (),
         "outcome": ("algorithm.reward_mode=outcome",),
@@ -57,16 +57,21 @@ def variants(sft_dir: Path) -> dict[str, tuple[str, ...]]:
         "rloo-kl": ("algorithm.kl_coef=0.1",),  # the KL in the loss: policy/kl
         "prime-value": ("algorithm.estimator=prime-value",),
         "frozen-prm": ("prm.update=frozen", f"model.prm={sft_dir}"),
-        # A frozen explicit RM; the SFT checkpoint with a fresh scalar head stands in for a trained one.
-        "explicit-orm": ("algorithm.reward_mode=explicit-orm", f"explicit.model_path={sft_dir}"),
-        "explicit-prm": ("algorithm.reward_mode=explicit-prm", f"explicit.model_path={sft_dir}"),
+        # A frozen explicit RM: the SFT model with a fresh scalar head, saved as train-orm saves.
+        "explicit-orm": ("algorithm.reward_mode=explicit-orm", f"explicit.model_path={rm_dir}"),
+        "explicit-prm": ("algorithm.reward_mode=explicit-prm", f"explicit.model_path={rm_dir}"),
     }
 
 
-def test_metrics_doc_matches_the_logged_keys(rl_config, sft_model_dir):
+def test_metrics_doc_matches_the_logged_keys(rl_config, sft_model_dir, tmp_path):
+    from primekit.models.hf import load_tokenizer, save_model
+    from primekit.reward_models.heads import init_reward_model
+
     start = time.perf_counter()
+    rm_dir = tmp_path / "rm"
+    save_model(init_reward_model(sft_model_dir, seed=1), load_tokenizer(sft_model_dir), rm_dir)
     produced: dict[str, set[str]] = {}  # key -> variants that logged it
-    for name, extra in variants(sft_model_dir).items():
+    for name, extra in variants(sft_model_dir, rm_dir).items():
         trainer = build_rl_trainer(rl_config(*extra), verifier=ParityVerifier())
         metrics = trainer.train_step()
         assert metrics.get("train/skipped") == 0.0, f"{name}: the step made no update"
@@ -84,7 +89,7 @@ def test_metrics_doc_matches_the_logged_keys(rl_config, sft_model_dir):
     logged = {generic(k) for k in produced} | set(produced)
     stale = sorted(k for k in docs if k.startswith(CHECKED_BOTH_WAYS) and generic(k) not in logged)
     assert not stale, f"in docs/metrics.md but logged by no variant: {stale}"
-    print(f"{len(produced)} keys from {len(variants(sft_model_dir))} variants in "
+    print(f"{len(produced)} keys from {len(variants(sft_model_dir, rm_dir))} variants in "
           f"{time.perf_counter() - start:.1f} s")
 
 
