@@ -324,12 +324,21 @@ def write_errors(run_dir: Path, intact: str = "the previous checkpoint is intact
     written."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in _WRITE_ERRNOS:
-            raise
-        where = e.filename or run_dir
-        raise RunDirError(f"cannot write {where}: {_cause(e)}; {intact}") from None
     except BaseException as e:  # DCP's CheckpointException is not an Exception subclass
+        from primekit.trainer import signals
+
+        signum = signals.abandoned()
+        if signum is not None and not isinstance(e, signals.Abandoned):
+            # A second Ctrl-C inside a writer, which wrapped or replaced it with its own error
+            # (DCP's CheckpointException, "unexpected pos"): a stop, not a failed write.
+            stop = signals.Abandoned(signum)
+            stop.note = f"the write of {what} was abandoned; {intact}"
+            raise stop from None
+        if isinstance(e, OSError):
+            if e.errno not in _WRITE_ERRNOS:
+                raise
+            where = e.filename or run_dir
+            raise RunDirError(f"cannot write {where}: {_cause(e)}; {intact}") from None
         text = str(e)
         if isinstance(e, (KeyboardInterrupt, SystemExit, RunDirError)) or not any(
                 marker in text for marker in _DISK_FULL):

@@ -8,7 +8,9 @@ Two modes, by what the command leaves behind:
   where the checkpoint is and how to resume, and exit status 128 + signal number (130 for SIGINT,
   143 for SIGTERM). A second signal abandons the step at once (`Abandoned`): nothing of it is
   saved, and the latest checkpoint stays as it was, because checkpoint writes are atomic
-  (primekit.trainer.checkpoint).
+  (primekit.trainer.checkpoint). Arriving while the first signal's checkpoint is written, it
+  abandons that write: whatever error the writer makes of it (DCP's CheckpointException, a zip
+  writer's "unexpected pos") is reported as this stop, with the `--resume` command.
 - `stop_at_once()`, for commands with nothing to resume (`primekit sft`, `train-orm`,
   `train-prm`, the demo outside its RL phase): their one output is written at the end, so there
   is no step worth finishing. The first signal raises `Interrupted` where the program is, except
@@ -32,6 +34,7 @@ from primekit.trainer import checkpoint as ckpt
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _requested: int | None = None
+_abandoned: int | None = None  # the second signal, once `Abandoned` was raised for it
 
 
 class Stopped(Exception):  # noqa: N818 (a control-flow outcome, not an error)
@@ -73,9 +76,18 @@ def requested() -> int | None:
     return _requested
 
 
+def abandoned() -> int | None:
+    """The second signal's number once it abandoned the step, or None. Raised inside a
+    checkpoint write, `Abandoned` may surface wrapped or replaced by the writer's own error (DCP's
+    CheckpointException, a zip writer's "unexpected pos"): `rundir.write_errors` asks this to
+    report the stop, not a failed write."""
+    return _abandoned
+
+
 def _handler(signum: int, frame) -> None:
-    global _requested
+    global _requested, _abandoned
     if _requested is not None:
+        _abandoned = signum
         raise Abandoned(signum)
     _requested = signum
     print(f"primekit: {signal.Signals(signum).name} received: finishing the current step, then "
@@ -90,18 +102,27 @@ def _stop_now(signum: int, frame) -> None:
 @contextmanager
 def _handling(handler) -> Iterator[None]:
     """`handler` for SIGINT and SIGTERM during the block; the previous handlers after it."""
-    global _requested
+    global _requested, _abandoned
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _requested = None
+    _requested = _abandoned = None
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
+    except BaseException as e:
+        if _abandoned is not None and not isinstance(e, Abandoned):
+            # The second signal inside a writer that wrapped or replaced `Abandoned` with its
+            # own error (DCP's CheckpointException, a zip writer's "unexpected pos"): a stop.
+            stop = Abandoned(_abandoned)
+            stop.note = ("the checkpoint being written was abandoned; those written before "
+                         "it are intact")
+            raise stop from None
+        raise
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        _requested = None
+        _requested = _abandoned = None
 
 
 def graceful_stop():

@@ -155,6 +155,45 @@ def test_second_signal_abandons_the_step_without_saving(rl_overrides, tmp_path, 
     assert ckpt.latest_checkpoint(run) is None
 
 
+@pytest.mark.parametrize("wrapped", ["unexpected pos", "checkpoint exception"])
+def test_second_signal_inside_the_checkpoint_write_is_a_stop(rl_overrides, tmp_path, capsys,
+                                                             monkeypatch, wrapped):
+    # The helper's walkthrough (2026-12-08): a second Ctrl-C while the first one's checkpoint was
+    # being written surfaced as the writer's own error, a traceback (DCP's CheckpointException)
+    # or "cannot write a checkpoint ... bytes free on its disk", without the --resume command.
+    import primekit.factory as factory
+    from primekit.trainer import signals
+
+    class CheckpointException(BaseException):  # DCP's wraps what a writer raised; no Exception
+        pass
+
+    monkeypatch.setattr(factory, "build_verifier",
+                        lambda *a, **k: SignalOnFirstBatch(signal.SIGINT, times=1))
+    real = ckpt.save_checkpoint
+
+    def writer(*args, **kwargs):  # the Ctrl-C checkpoint's write, interrupted in the middle
+        try:
+            signal.raise_signal(signal.SIGINT)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        except signals.Abandoned as e:
+            if wrapped == "unexpected pos":  # torch.save's zip writer, cut off mid-file
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "
+                                   "64 vs 0") from e
+            raise CheckpointException("rank 0: Abandoned: stopped by a second SIGINT") from e
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", writer)
+    run = tmp_path / "run"
+    rc = cli.main(_argv(rl_overrides(run) + ["train.steps=5"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 130 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("primekit: stopped by a second SIGINT: the checkpoint being "
+                              "written was abandoned; those written before it are intact; "
+                              "continue with: primekit train "), err[-1]
+    assert ckpt.latest_checkpoint(run) is None
+
+
 def test_second_writer_is_refused_naming_the_holder(rl_overrides, tmp_path, capsys):
     run = tmp_path / "run"
     holder = subprocess.Popen(
