@@ -853,8 +853,9 @@ def _check_combinations(cfg: Config) -> None:
     if a.reward_mode == "explicit-orm" and cfg.explicit.transform != "none":
         raise ConfigError("explicit.transform: Clip/Delta and the other step transforms apply to a "
                           "step-level PRM (reward_mode=explicit-prm), not to an ORM")
-    if cfg.data.source == "file" and not cfg.data.train_path:
-        raise ConfigError("data.train_path: required when data.source is 'file'")
+    if cfg.data.source == "file" and not cfg.data.train_path and not cfg.data.eval_path:
+        raise ConfigError("data.train_path: required when data.source is 'file' (evaluating "
+                          "alone, data.eval_path will do)")
     if cfg.data.source == "arithmetic" and cfg.data.num_eval > MAX_ARITHMETIC_EVAL:
         raise ConfigError(f"data.num_eval: the arithmetic task draws at most "
                           f"{MAX_ARITHMETIC_EVAL} distinct held-out problems (their rejection "

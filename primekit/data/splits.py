@@ -7,9 +7,15 @@ from primekit.config import Config, ConfigError
 from primekit.data.problem import Problem
 
 
-def load_splits(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """Train and held-out problems for the configured source; the two never overlap."""
+def load_splits(cfg: Config, *, train: bool = True) -> tuple[list[Problem], list[Problem]]:
+    """Train and held-out problems for the configured source; the two never overlap. With
+    `train=False` (commands that only evaluate) a file source may give `data.eval_path` alone,
+    and the training problems are then []."""
     d = cfg.data
+    if d.source == "file" and not d.train_path:
+        if train or not d.eval_path:
+            raise ConfigError("data.train_path: required when data.source is 'file'")
+        return [], _load_file("data.eval_path", d.eval_path, d.task)[: d.num_eval]
     if d.source == "arithmetic":
         task = procedural_task(cfg)
         # Training prompts are a distribution to sample from, so they may repeat. Held-out

@@ -286,7 +286,7 @@ def _correct_responses(cfg: Config, prm_path: str):
         from primekit.models.hf import load_tokenizer
 
         tokenizer = load_tokenizer(prm_path, trust_remote_code=cfg.model.trust_remote_code)
-        problems = [p for p in load_splits(cfg)[1] if p.solution][:h.num_responses]
+        problems = [p for p in load_splits(cfg, train=False)[1] if p.solution][:h.num_responses]
         responses = [p.solution for p in problems]
     else:
         from primekit.reward_models.labeling import sample_split, sampling_setup

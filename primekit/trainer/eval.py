@@ -112,7 +112,7 @@ def evaluate_checkpoint(cfg, model_path: str) -> dict[str, float]:
     set_threads(cfg.train.threads)
     check_model_path(model_path, "model")
     check_eval_model(model_path)  # a model directory or a hub id, checked locally first
-    _, heldout = load_splits(cfg)
+    _, heldout = load_splits(cfg, train=False)
     check_eval_size(cfg, heldout)  # before the model loads
     heldout = heldout[: cfg.eval.num_problems]
     device = resolve_device(cfg.train.device)

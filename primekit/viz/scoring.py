@@ -117,7 +117,7 @@ def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_
     policy, prm_model, ref_model = (load_model(p, dtype=dtype, device=device,
                                                trust_remote_code=trust).eval()
                                     for p in (model, prm, ref))
-    _, heldout = load_splits(cfg)
+    _, heldout = load_splits(cfg, train=False)
     problems = [p for p in heldout[:num_problems] for _ in range(k)]  # [N]
     prompt_ids = encode_prompts(tokenizer, problems, cfg)
     engine = HFRolloutEngine(policy, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size,

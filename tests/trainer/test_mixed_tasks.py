@@ -50,3 +50,23 @@ def test_a_mixed_file_trains_with_per_row_verifiers_and_per_task_metrics(rl_conf
         assert metrics[f"reward/outcome_mean/{task}"] == pytest.approx(sum(scores) / len(scores))
     assert sum(map(len, graded.values())) == 16  # 4 prompts x K = 4
     assert metrics["verify/error_rate"] == 0.0
+
+
+def test_eval_takes_a_held_out_file_alone(sft_model_dir, tmp_path, capsys):
+    # The helper's walkthrough (2026-12-08): `primekit eval ... data.eval_path=F` was refused
+    # with "data.train_path: required"; evaluating needs no training file. Training still does.
+    from primekit import cli
+    from primekit.config import ConfigError, load_config
+    from primekit.factory import build_rl_trainer
+
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(f'{{"prompt": "{a}+{a}=", "answer": "{2 * a}", "task": '
+                               f'"arithmetic"}}\n' for a in range(1, 4)))
+    overrides = ["data.source=file", f"data.eval_path={heldout}", "eval.num_problems=3",
+                 "eval.k=1", "rollout.max_new_tokens=8"]
+    assert cli.main(["eval", "--config", "tiny", "--model", str(sft_model_dir),
+                     *overrides]) == 0
+    assert "eval/pass@1_greedy" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="^data.train_path: required when data.source is "
+                                          "'file'$"):
+        build_rl_trainer(load_config(None, [f"model.policy={sft_model_dir}", *overrides]))
