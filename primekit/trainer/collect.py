@@ -233,9 +233,10 @@ def _global_collect_metrics(scores: torch.Tensor, verdicts: list[Verdict], group
     out = {"reward/outcome_mean_sampled": total / count if count else float("nan"),
            "reward/outcome_mean_fixed": (head_total / (fixed * dist.world_size())
                                          if not short and fixed else float("nan")),
-           "filter/keep_rate": kept / max(seen, 1.0), "verify/retries": retries,
+           "filter/keep_rate": kept / seen if seen else float("nan"), "verify/retries": retries,
            "filter/rounds": float(dist.all_reduce_max(torch.tensor(float(rounds))))}
-    out.update({k: v / n_all if n_all else 0.0 for k, v in zip(rates, rate_sums)})
+    # NaN, not 0, on a step that graded nothing (it trained only on groups carried over)
+    out.update({k: v / n_all if n_all else float("nan") for k, v in zip(rates, rate_sums)})
     if traced_correct:
         out["verify/trace_error"] = traced_wrong / traced_correct
     return out

@@ -79,7 +79,8 @@ def build_verifier(task: str, limits: VerifierConfig | None = None) -> Verifier:
 
 
 def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
-    """Rates of each status and the mean score over a batch (all 0.0 for an empty batch).
+    """Rates of each status and the mean score over a batch (NaN for an empty batch: nothing
+    was graded, which a rate of 0 would hide; retries 0).
 
     Returns:
         {"verify/error_rate", "verify/timeout_rate", "verify/correct_rate", "verify/mean_score",
@@ -87,11 +88,12 @@ def verdict_stats(verdicts: Sequence[Verdict]) -> dict[str, float]:
     """
     n = len(verdicts)
     if n == 0:
+        nan = float("nan")
         return {
-            "verify/error_rate": 0.0,
-            "verify/timeout_rate": 0.0,
-            "verify/correct_rate": 0.0,
-            "verify/mean_score": 0.0,
+            "verify/error_rate": nan,
+            "verify/timeout_rate": nan,
+            "verify/correct_rate": nan,
+            "verify/mean_score": nan,
             "verify/retries": 0.0,
         }
     return {

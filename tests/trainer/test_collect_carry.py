@@ -179,3 +179,23 @@ def test_resume_with_carried_groups_matches_the_uninterrupted_run(rl_config, tmp
 
     assert [stable(m) for m in steps[2:]] == [
         stable(m) for m in resumed_history if "filter/carried_in" in m][-2:]
+
+
+def test_a_step_that_graded_nothing_logs_nan_rates_not_zeros():
+    # A step trained only on groups carried over grades nothing: its verify/ rates and keep rate
+    # were 0.0 (a false "nothing correct"), while reward/outcome_mean_sampled was NaN.
+    import math
+
+    from primekit.trainer.collect import _global_collect_metrics
+
+    out = _global_collect_metrics(torch.zeros(0), [], groups_kept=0, groups_seen=0, rounds=0,
+                                  fixed=0, traced=(0, 0))
+    for key in ("verify/error_rate", "verify/timeout_rate", "verify/correct_rate",
+                "verify/mean_score", "filter/keep_rate", "reward/outcome_mean_sampled"):
+        assert math.isnan(out[key]), key
+    assert out["verify/retries"] == 0.0
+    # two verdicts, one correct: the rates as before
+    out = _global_collect_metrics(torch.tensor([1.0, 0.0]), [Verdict.correct(),
+                                  Verdict.incorrect()], groups_kept=1, groups_seen=2, rounds=1,
+                                  fixed=2, traced=(0, 0))
+    assert (out["verify/correct_rate"], out["filter/keep_rate"]) == (0.5, 0.5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from primekit.config import load_config
@@ -96,4 +98,5 @@ def test_verdict_stats_hand_computed():
     assert verdict_stats(retried)["verify/retries"] == 3.0
     with pytest.raises(ValueError, match="retries"):
         Verdict(1.0, "correct", retries=-1)
-    assert verdict_stats([])["verify/mean_score"] == 0.0
+    assert math.isnan(verdict_stats([])["verify/mean_score"])  # nothing graded: not a 0 score
+    assert verdict_stats([])["verify/retries"] == 0.0
