@@ -79,11 +79,24 @@ def trained_reference(prm: str) -> str | None:
     ref = model.get("ref") or model.get("policy")
     if reference == "rollout" or not ref:
         return None
-    local = ref.startswith((".", "/", "~")) or Path(ref).parent.is_dir()
-    if local and not Path(ref).expanduser().exists():
-        raise ConfigError(f"--ref: the run that trained --prm {prm} scored against {ref} "
-                          f"(its model.ref or model.policy), which is not there; give --ref")
+    # A hub id is "name" or "org/name"; anything else with a path's shape was a local path,
+    # relative to where that run started (a copied or moved run's reference is elsewhere).
+    local = (ref.startswith((".", "/", "~")) or ref.count("/") > 1
+             or Path(ref).parent.is_dir())
+    if local and not Path(ref).expanduser().exists() and not _cached_hub_model(ref):
+        raise ConfigError(f"--ref: the run that trained --prm {prm} scored against {ref} (its "
+                          f"model.ref or model.policy, relative to where that run started), "
+                          f"which is not here; give --ref")
     return ref
+
+
+def _cached_hub_model(name: str) -> bool:
+    import huggingface_hub
+
+    try:
+        return isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
 
 
 def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_problems: int,

@@ -50,5 +50,12 @@ def test_no_recorded_reference_leaves_the_default(tmp_path):
 def test_a_recorded_reference_that_is_gone_is_an_error(tmp_path):
     run = _run(tmp_path, ref=str(tmp_path / "deleted-sft"))
     with pytest.raises(ConfigError, match=r"--ref: the run that trained --prm .* scored against "
-                       r".*deleted-sft .*which is not there; give --ref"):
+                       r".*deleted-sft .*which is not here; give --ref"):
+        trained_reference(str(run / "final" / "prm"))
+    # a run copied elsewhere: its relative `runs/demo/sft-prm` said "model directory ... does
+    # not exist", as if --ref had been given
+    run = _run(tmp_path / "copied", ref="runs/demo-elsewhere/sft-prm")
+    with pytest.raises(ConfigError, match=r"scored against runs/demo-elsewhere/sft-prm \(its "
+                       r"model.ref or model.policy, relative to where that run started\), which "
+                       r"is not here; give --ref"):
         trained_reference(str(run / "final" / "prm"))
