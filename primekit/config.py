@@ -11,6 +11,7 @@ the PRIME paper's 7B values where they apply (Sec. 4.1 / App. of arXiv 2502.0145
 
 import dataclasses
 import functools
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -782,9 +783,25 @@ def _check_float_range(cfg: Config) -> None:
     walk(dataclasses.asdict(cfg), "")
 
 
+def _check_step_delimiter(delimiter: str) -> None:
+    """A "re:<pattern>" step delimiter compiles and cannot match the empty string (then every
+    character would end a step). Checked at load, not when the first response is split."""
+    if not delimiter.startswith("re:"):
+        return
+    try:
+        pattern = re.compile(delimiter[3:])
+    except re.error as e:
+        raise ConfigError(f"explicit.step_delimiter: {delimiter!r} is not a valid regular "
+                          f"expression: {e}") from None
+    if pattern.search("") is not None:
+        raise ConfigError(f"explicit.step_delimiter: {delimiter!r} matches the empty string, so "
+                          f"every character would end a step")
+
+
 def _check_combinations(cfg: Config) -> None:
     """Settings that are each valid but cannot work together."""
     _check_float_range(cfg)
+    _check_step_delimiter(cfg.explicit.step_delimiter)
     if cfg.filter.lo > cfg.filter.hi:
         raise ConfigError(
             f"filter.lo/filter.hi: need lo <= hi, got lo={cfg.filter.lo} hi={cfg.filter.hi}"

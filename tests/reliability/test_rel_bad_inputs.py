@@ -126,8 +126,16 @@ def _rows_under_prompts_per_step(m, t):
 
 
 def _long_prompt(m, t):
+    rows = _rows(30) + [{"prompt": "1" * 2_000, "answer": "1"}]
+    return _file_data(t, rows), "train.jsonl line 31: the prompt is 2000 tokens"
+
+
+def _huge_prompt(m, t):
+    # Past 64 x the context (512) in characters, the prompt's beginning alone refuses it: all of
+    # a 50 MB prompt took the tokenizer two minutes and 19 GB.
     rows = _rows(30) + [{"prompt": "1" * 200_000, "answer": "1"}]
-    return _file_data(t, rows), "train.jsonl line 31: the prompt is 200000 tokens"
+    return _file_data(t, rows), ("train.jsonl line 31: the prompt is 200000 characters, and its "
+                                 "first 32768 alone are 32768 tokens")
 
 
 def _empty_file(m, t):
@@ -214,7 +222,7 @@ CASES = {
     "eval-num-problems-over-eval-file": _eval_over_heldout_file,
     "eval-num-problems-over-num-eval": _eval_over_num_eval,
     "train-rows-under-prompts-per-step": _rows_under_prompts_per_step,
-    "long-prompt": _long_prompt, "empty-file": _empty_file, "blank-file": _blank_file,
+    "long-prompt": _long_prompt, "huge-prompt": _huge_prompt, "empty-file": _empty_file, "blank-file": _blank_file,
     "invalid-utf8": _bad_utf8, "parquet-without-pyarrow": _parquet, "broken-yaml": _broken_yaml,
     "yaml-tab": _yaml_tab, "truncated-safetensors": _corrupt_weights,
     "garbage-safetensors": _garbage_weights, "empty-model-dir": _empty_model_dir,

@@ -62,6 +62,11 @@ def test_yaml_then_overrides(tmp_path):
                              "switches)"),
         ("prm.beta=false", "prm.beta: expected float, got False"),
         ("viz.rerank_ns=[]", "viz.rerank_ns: List should have at least 1 item"),  # IndexError
+        # a bad pattern failed only once the models had loaded; one matching "" was accepted
+        ("explicit.step_delimiter=re:(", "explicit.step_delimiter: 're:(' is not a valid "
+                                         "regular expression: missing ), unterminated subpattern"),
+        ("explicit.step_delimiter=re:x*", "explicit.step_delimiter: 're:x*' matches the empty "
+                                          "string, so every character would end a step"),
         ("model.prm=true", "model.prm: expected str or null, got True"),
         ("algorithm.estimator=true", "algorithm.estimator: expected one of 'rloo', 'grpo', "
                                      "'reinforce', 'ppo', 'prime-value', got True"),
