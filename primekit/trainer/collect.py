@@ -8,6 +8,7 @@ so it knows nothing of models, engines or verifiers.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import ceil
@@ -253,6 +254,24 @@ def _global_mean_by_task(problems: list[Problem], scores: torch.Tensor) -> dict[
             acc[0] += total
             acc[1] += n
     return {task: total / n for task, (total, n) in sorted(sums.items())}
+
+
+IDLE_WARN_STEPS = 5  # steps in a row with no update before `warn_idle`
+
+
+def warn_idle(steps: int, verdicts: list[Verdict], filt: FilterConfig) -> None:
+    """The warning for a run that has trained on nothing `steps` steps in a row: what the last
+    step's verdicts said (a verifier that cannot read the model's answers says the same thing
+    of every response)."""
+    counts = Counter(f"{v.status}" + (f" ({v.reason[:60]})" if v.reason else "")
+                     for v in verdicts)
+    said = ", ".join(f"{n / len(verdicts):.0%} {what}" for what, n in counts.most_common(2))
+    warnings.warn(
+        f"{steps} steps in a row trained on nothing: no sampled group's mean outcome lay in "
+        f"[filter.lo, filter.hi] = [{filt.lo}, {filt.hi}]. The last step's {len(verdicts)} "
+        f"verdicts: {said or 'none'}. If the verifier cannot read the model's answers, the data "
+        f"or the answer format is wrong (docs/verifiers.md); otherwise the problems are too hard "
+        f"or too easy for the model.", stacklevel=3)
 
 
 def warn_unfilled(step: int, metrics: dict, need: int) -> None:

@@ -62,9 +62,11 @@ from primekit.rollout.batching import iter_layout, row_chunks
 from primekit.trainer import checkpoint as ckpt
 from primekit.trainer import guards, signals
 from primekit.trainer.collect import (
+    IDLE_WARN_STEPS,
     GroupCarry,
     collect_groups,
     consistency_select,
+    warn_idle,
     warn_unfilled,
 )
 from primekit.trainer.critic import update_critic
@@ -129,6 +131,8 @@ class RLTrainer:
         self.history: list[dict[str, float]] = []
         self.resumed_from: Path | None = None
         self._warned_unfilled = False
+        self._idle_steps = 0  # steps in a row that trained on nothing (`warn_idle`)
+        self._step_verdicts: list = []  # this step's verdicts, every round
         # Surplus filtered groups kept for later steps and the filter's pass rate (collect.py).
         self.carry = GroupCarry(max_age=cfg.filter.carry_steps)
         self.last_experience: Experience | None = None  # the last update's batch (samples)
@@ -232,8 +236,12 @@ class RLTrainer:
         exp, metrics = self.collect(timing)
         metrics["train/nonfinite_skipped"] = 0
         if exp is None:  # the filter kept nothing: no update this step
+            self._idle_steps += 1
+            if self._idle_steps == IDLE_WARN_STEPS and dist.is_main():
+                warn_idle(self._idle_steps, self._step_verdicts, self.cfg.filter)
             metrics["timing/step"] = time.perf_counter() - t_step
             return {k: float(v) for k, v in metrics.items()}
+        self._idle_steps = 0
         if not self._finite("reward/outcome", exp.outcome_rewards):
             return self._skipped(metrics, t_step)
         with timed(timing, "old_logprobs"):
@@ -297,6 +305,7 @@ class RLTrainer:
         """Sample, roll out K each, verify and filter, in rounds until B groups are kept."""
         need = ceil(self.cfg.train.prompts_per_step / dist.world_size())
         timing["rollout"] = timing["verify"] = 0.0
+        self._step_verdicts = []
         exp, metrics = collect_groups(lambda n: self.rollout_round(n, timing), need=need,
                                       group_size=self.cfg.rollout.n_samples, filt=self.cfg.filter,
                                       pad_id=self.tokenizer.pad_token_id,
@@ -322,6 +331,7 @@ class RLTrainer:
             batch = self.engine.generate(prompt_ids, params, self.rollout_gen)
         with timed(timing, "verify"):
             verdicts = self.verifier.verify_batch(batch.responses, problems)
+        self._step_verdicts += verdicts
         return batch, problems, verdicts
 
     # ------------------------------------------------------------------ score

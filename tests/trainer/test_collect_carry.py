@@ -199,3 +199,23 @@ def test_a_step_that_graded_nothing_logs_nan_rates_not_zeros():
                                   Verdict.incorrect()], groups_kept=1, groups_seen=2, rounds=1,
                                   fixed=2, traced=(0, 0))
     assert (out["verify/correct_rate"], out["filter/keep_rate"]) == (0.5, 0.5)
+
+
+def test_a_run_that_trains_on_nothing_says_why(rl_config):
+    # The helper's walkthrough (2026-12-08): the tiny model on math rows (it writes `A:7`, which
+    # math-verify cannot read) kept no group at any step and exited 0 with a generic warning.
+    from primekit.trainer.collect import IDLE_WARN_STEPS
+
+    class NoAnswer:
+        def verify_batch(self, responses, problems):
+            return [Verdict.incorrect(reason="no final answer found") for _ in responses]
+
+    trainer = build_rl_trainer(rl_config("filter.enabled=true", "filter.max_rounds=1"),
+                               verifier=NoAnswer())
+    for _ in range(IDLE_WARN_STEPS - 1):
+        assert "policy/loss" not in trainer.train_step()
+    with pytest.warns(UserWarning, match=r"5 steps in a row trained on nothing: no sampled "
+                      r"group's mean outcome lay in \[filter.lo, filter.hi\] = \[.*\]\. The last "
+                      r"step's \d+ verdicts: 100% incorrect \(no final answer found\)\. If the "
+                      r"verifier cannot read the model's answers"):
+        trainer.train_step()
