@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 
 from primekit.config import ConfigError, load_config, packaged_configs, resolve_config
-from primekit.demo import PRM_INITS
-from primekit.trainer.signals import Interrupted
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -69,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="*", default=None, help="names (default: all, e.g. policy prm)")
     p = sub.add_parser("demo", help="tiny model, SFT then PRIME, on a CPU in minutes")
     p.add_argument("--run-dir", default="runs/demo", help="where the demo writes everything")
+    from primekit.demo import PRM_INITS
+
     p.add_argument("--prm-init", choices=PRM_INITS, default="separate",
                    help="where the implicit PRM and its reference start: 'separate' (default), an "
                    "SFT model of seed sft.seed+1 the demo also trains; 'policy', the policy's SFT "
@@ -110,6 +110,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # This module imports nothing heavy, so a Ctrl-C while torch and the rest load (the first
+    # seconds of every command) ends here in one line, like one in a command with nothing to save.
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("primekit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    from primekit.trainer.signals import Interrupted
+
     args = parse_args(argv)
     _quiet_transformers()
     try:

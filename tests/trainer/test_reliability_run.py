@@ -337,3 +337,19 @@ def test_read_only_run_dir_is_one_line_before_any_model_loads(rl_overrides, tmp_
     assert rc == 2 and len(err) == 1, err
     assert f"train.run_dir: cannot write to '{ro / 'run'}': " in err[0]
     assert "Read-only file system" in err[0] or "Permission denied" in err[0]
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
+    # A Ctrl-C in a command's first second, while torch loads, left a KeyboardInterrupt
+    # traceback (in an experiment's run logs, for one); now one line and exit 130.
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "primekit.cli", "train", "--config", "tiny",
+                             f"train.run_dir={tmp_path / 'run'}"], stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(0.4)  # the interpreter is up (~0.1 s); torch takes about a second to import
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("primekit: ")
