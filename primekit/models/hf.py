@@ -223,6 +223,16 @@ def save_model(
         return _save_model(model, tokenizer, out_dir)
 
 
+def _umask_modes(root: Path) -> None:
+    """Every file under `root` with the mode the user's umask gives a new file (safetensors
+    writes its weights 0600, so teammates could read a model's config but not its weights)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.chmod(path, 0o666 & ~mask)
+
+
 def _save_model(model, tokenizer, out_dir: Path) -> Path:
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
@@ -230,6 +240,7 @@ def _save_model(model, tokenizer, out_dir: Path) -> Path:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        _umask_modes(tmp)
         _fsync_tree(tmp)
         if out_dir.exists():
             backup = out_dir.parent / f".{out_dir.name}.old-{tag}"

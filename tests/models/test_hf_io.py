@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,11 @@ def test_save_model_round_trip_and_replace(tiny_model_dir, tmp_path):
     reloaded = load_model(str(out))
     assert torch.equal(reloaded.model.norm.weight, torch.full((128,), 2.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp/backup left
+    # every file as the umask makes it (safetensors alone writes its weights 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: 0o666 & ~mask for p in out.iterdir()}
 
 
 def test_crash_mid_save_leaves_old_checkpoint_intact(tiny_model_dir, tmp_path, monkeypatch):
