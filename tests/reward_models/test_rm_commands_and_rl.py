@@ -156,18 +156,15 @@ def test_a_model_of_the_wrong_kind_is_refused_by_its_field(work, tiny_model_dir,
     from primekit.factory import build_rl_trainer
 
     root, common = work
-    assert cli.main(["hack-check", "--config", str(CONFIG), *common,
-                     f"explicit.model_path={root / 'orm'}"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"primekit: configuration error: explicit.model_path: '{root / 'orm'}' is an outcome "
-        f"reward model (ORM) (primekit train-orm), where a step-level PRM belongs (primekit "
-        f"train-prm)")
-    assert cli.main(["hack-check", "--config", str(CONFIG), *common,
-                     f"explicit.model_path={tiny_model_dir}"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"primekit: configuration error: explicit.model_path: '{tiny_model_dir}' is a language "
-        f"model (Qwen2ForCausalLM), not a reward model: it has no trained score head (train one "
-        f"with primekit train-prm)")
+    for path, what in (
+            (root / "orm", "is an outcome reward model (ORM) (primekit train-orm), where a "
+                           "step-level PRM belongs (primekit train-prm)"),
+            (tiny_model_dir, "is a language model (Qwen2ForCausalLM), not a reward model: it has "
+                             "no trained score head (train one with primekit train-prm)")):
+        assert cli.main(["hack-check", "--config", str(CONFIG), *common,
+                         f"explicit.model_path={path}"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"primekit: configuration error: explicit.model_path: '{path}' {what}")
     for extra, message in (
             ([f"explicit.model_path={root / 'prm'}", "algorithm.reward_mode=explicit-orm",
               "explicit.transform=none"], re.escape("is a step-level PRM (primekit train-prm), "
