@@ -357,6 +357,16 @@ def check_eval_model(path: str, field: str = "--model") -> None:
     check_hub_model(path, field, "download the model first")
 
 
+def cached_hub_model(name: str) -> bool:
+    """Whether `name` is a hub id whose model this machine has downloaded."""
+    import huggingface_hub
+
+    try:
+        return isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
+
+
 def check_hub_model(path: str, field: str, otherwise: str) -> None:
     """`path`, which is no local path, must be a hub id that is cached or that the hub confirms
     in one request with a 10 s timeout (instead of transformers' retries: a minute on a typo,
@@ -367,8 +377,8 @@ def check_hub_model(path: str, field: str, otherwise: str) -> None:
     import huggingface_hub
     from huggingface_hub.utils import RepositoryNotFoundError
 
-    if isinstance(huggingface_hub.try_to_load_from_cache(path, "config.json"), str):
-        return  # a cached hub model
+    if cached_hub_model(path):
+        return
     try:
         huggingface_hub.model_info(path, timeout=10)
     except RepositoryNotFoundError:

@@ -327,12 +327,8 @@ def write_errors(run_dir: Path, intact: str = "the previous checkpoint is intact
     except BaseException as e:  # DCP's CheckpointException is not an Exception subclass
         from primekit.trainer import signals
 
-        signum = signals.abandoned()
-        if signum is not None and not isinstance(e, signals.Abandoned):
-            # A second Ctrl-C inside a writer, which wrapped or replaced it with its own error
-            # (DCP's CheckpointException, "unexpected pos"): a stop, not a failed write.
-            stop = signals.Abandoned(signum)
-            stop.note = f"the write of {what} was abandoned; {intact}"
+        stop = signals.wrapped_stop(e, f"the write of {what} was abandoned; {intact}")
+        if stop is not None:  # a second Ctrl-C inside the writer: a stop, not a failed write
             raise stop from None
         if isinstance(e, OSError):
             if e.errno not in _WRITE_ERRNOS:

@@ -76,12 +76,15 @@ def requested() -> int | None:
     return _requested
 
 
-def abandoned() -> int | None:
-    """The second signal's number once it abandoned the step, or None. Raised inside a
-    checkpoint write, `Abandoned` may surface wrapped or replaced by the writer's own error (DCP's
-    CheckpointException, a zip writer's "unexpected pos"): `rundir.write_errors` asks this to
-    report the stop, not a failed write."""
-    return _abandoned
+def wrapped_stop(error: BaseException, note: str) -> Abandoned | None:
+    """The `Abandoned` stop that `error` stands for, with `note`, when the second signal was
+    raised inside a writer that wrapped or replaced it with its own error (DCP's
+    CheckpointException, a zip writer's "unexpected pos"); None for any other error."""
+    if _abandoned is None or isinstance(error, Abandoned):
+        return None
+    stop = Abandoned(_abandoned)
+    stop.note = note
+    return stop
 
 
 def _handler(signum: int, frame) -> None:
@@ -111,12 +114,9 @@ def _handling(handler) -> Iterator[None]:
     try:
         yield
     except BaseException as e:
-        if _abandoned is not None and not isinstance(e, Abandoned):
-            # The second signal inside a writer that wrapped or replaced `Abandoned` with its
-            # own error (DCP's CheckpointException, a zip writer's "unexpected pos"): a stop.
-            stop = Abandoned(_abandoned)
-            stop.note = ("the checkpoint being written was abandoned; those written before "
-                         "it are intact")
+        stop = wrapped_stop(e, "the checkpoint being written was abandoned; those written "
+                               "before it are intact")
+        if stop is not None:
             raise stop from None
         raise
     finally:

@@ -61,6 +61,7 @@ def trained_reference(prm: str) -> str | None:
     (prm.reference=rollout: no fixed reference). A recorded local path that is no longer there
     is a ConfigError: scoring against another model would colour every token wrongly."""
     from primekit.trainer import checkpoint as ckpt
+    from primekit.validate import cached_hub_model
 
     path = Path(prm)
     if path.name != "prm":
@@ -83,20 +84,11 @@ def trained_reference(prm: str) -> str | None:
     # relative to where that run started (a copied or moved run's reference is elsewhere).
     local = (ref.startswith((".", "/", "~")) or ref.count("/") > 1
              or Path(ref).parent.is_dir())
-    if local and not Path(ref).expanduser().exists() and not _cached_hub_model(ref):
+    if local and not Path(ref).expanduser().exists() and not cached_hub_model(ref):
         raise ConfigError(f"--ref: the run that trained --prm {prm} scored against {ref} (its "
                           f"model.ref or model.policy, relative to where that run started), "
                           f"which is not here; give --ref")
     return ref
-
-
-def _cached_hub_model(name: str) -> bool:
-    import huggingface_hub
-
-    try:
-        return isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
-    except ValueError:  # not a valid repo id
-        return False
 
 
 def sample_and_score(cfg: Config, *, model: str, prm: str, ref: str | None, num_problems: int,
